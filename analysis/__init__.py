@@ -1,0 +1,1 @@
+"""Offline analysis of vllm-loadtest runs: records, the step table, and (later) the report."""

@@ -1,0 +1,35 @@
+"""`python -m analysis steps RUN_DIR`: rebuild requests.parquet and steps.csv from a run's raw records."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from analysis.records import RECORDS_DIR
+from analysis.run import STEPS_FILE, finalize
+from analysis.steps import format_table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis")
+    sub = parser.add_subparsers(dest="command", required=True)
+    steps = sub.add_parser("steps", help="merge the raw records and print/write the per-step table")
+    steps.add_argument("run_dir", type=Path)
+    args = parser.parse_args(argv)
+
+    if not (args.run_dir / RECORDS_DIR).is_dir():
+        print(
+            f"error: {args.run_dir} has no {RECORDS_DIR}/ folder; pass a run directory written by a run "
+            "(for example reports/<timestamp>)",
+            file=sys.stderr,
+        )
+        return 2
+    table = finalize(args.run_dir)
+    print(format_table(table))
+    print(f"\nwrote {args.run_dir / 'requests.parquet'} and {args.run_dir / STEPS_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

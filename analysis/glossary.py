@@ -1,0 +1,101 @@
+"""The one glossary: every metric the suite reports, its unit and its formula.
+
+Column names in `requests.parquet`, `steps.csv`, the console table and the README come from `GLOSSARY`.
+The formulas are pure functions (no network, no Locust) so the live view, the end-of-run table and the
+report cannot disagree. Times are seconds unless a name says otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str
+    definition: str
+
+
+_METRICS = [
+    Metric(
+        "ttft_s",
+        "s",
+        "Time to first token: from sending the request to the arrival of the first chunk that carries at least one "
+        "output token (with continuous usage: the first chunk whose cumulative completion_tokens >= 1, even if its "
+        "text is empty; without: the first chunk with a choice that is not a role-only chat delta).",
+    ),
+    Metric(
+        "e2e_s", "s", "End-to-end latency: from sending the request to the arrival of the last token-carrying chunk."
+    ),
+    Metric(
+        "output_tokens",
+        "tokens",
+        "The server's usage.completion_tokens; when the server sends no usage, the number of token-carrying chunks "
+        "(then output_tokens_estimated is true).",
+    ),
+    Metric(
+        "tpot_s",
+        "s",
+        "Time per output token, per request: (e2e_s - ttft_s) / (output_tokens - 1); none when output_tokens <= 1.",
+    ),
+    Metric(
+        "itl_s",
+        "s",
+        "Inter-token latency, one sample per token after the first chunk: a chunk carrying k tokens that arrives g "
+        "seconds after the previous token-carrying chunk contributes k samples of g / k.",
+    ),
+    Metric("per_request_tok_s", "tokens/s", "Per-request throughput: output_tokens / e2e_s."),
+    Metric(
+        "aggregate_tok_s",
+        "tokens/s",
+        "Aggregate throughput: output tokens of the ok requests that completed inside a window / window length.",
+    ),
+]
+
+GLOSSARY: dict[str, Metric] = {m.name: m for m in _METRICS}
+
+
+def ttft_s(token_offsets_s: Sequence[float]) -> float | None:
+    """TTFT = arrival offset of the first token-carrying chunk."""
+    return token_offsets_s[0] if token_offsets_s else None
+
+
+def e2e_s(token_offsets_s: Sequence[float]) -> float | None:
+    """E2E = arrival offset of the last token-carrying chunk."""
+    return token_offsets_s[-1] if token_offsets_s else None
+
+
+def tpot_s(e2e: float | None, ttft: float | None, output_tokens: int | None) -> float | None:
+    """TPOT = (E2E - TTFT) / (output_tokens - 1); None when output_tokens <= 1."""
+    if e2e is None or ttft is None or output_tokens is None or output_tokens <= 1:
+        return None
+    return (e2e - ttft) / (output_tokens - 1)
+
+
+def itl_samples_s(token_offsets_s: Sequence[float], chunk_tokens: Sequence[int]) -> list[float]:
+    """ITL samples: chunk i (i >= 1) with k tokens after gap g = t[i] - t[i-1] gives k samples of g / k."""
+    out: list[float] = []
+    for i in range(1, len(token_offsets_s)):
+        k = chunk_tokens[i]
+        if k <= 0:
+            continue
+        gap = token_offsets_s[i] - token_offsets_s[i - 1]
+        out.extend([gap / k] * k)
+    return out
+
+
+def per_request_tok_s(output_tokens: int | None, e2e: float | None) -> float | None:
+    """Per-request tok/s = output_tokens / E2E."""
+    if output_tokens is None or e2e is None or e2e <= 0:
+        return None
+    return output_tokens / e2e
+
+
+def aggregate_tok_s(output_tokens_in_window: int, window_s: float) -> float | None:
+    """Aggregate tok/s = output tokens of requests completed in the window / window length."""
+    if window_s is None or not math.isfinite(window_s) or window_s <= 0:
+        return None
+    return output_tokens_in_window / window_s

@@ -1,0 +1,174 @@
+"""The batching curve: one row per load step, computed from the raw per-request records.
+
+Percentiles are exact order statistics of the raw values (linear interpolation between closest ranks, as
+numpy's default), never Locust's rounded response-time buckets. Missing data stays missing (NaN), not 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from analysis import glossary
+from analysis.sse import CUT_OFF
+
+# Column order of steps.csv; metric parts of the names come from the glossary.
+STEP_COLUMNS = [
+    "step",
+    "users",
+    "window_s",
+    "requests",
+    "errors",
+    "cut_off",
+    "output_tokens",
+    "aggregate_tok_s",
+    "per_request_tok_s_mean",
+    "ttft_p50_s",
+    "ttft_p95_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "tpot_p95_s",
+    "tpot_p99_s",
+    "itl_p50_s",
+    "itl_p99_s",
+    "e2e_mean_s",
+]
+
+
+def percentile(values: Sequence[float] | np.ndarray, q: float) -> float:
+    """q-th percentile (0-100) of the raw values, linear interpolation; NaN when there are none."""
+    arr = np.asarray(values, dtype=float)
+    arr = arr[~np.isnan(arr)]
+    if arr.size == 0:
+        return math.nan
+    return float(np.percentile(arr, q))
+
+
+def _mean(values: pd.Series) -> float:
+    values = values.dropna()
+    return float(values.mean()) if len(values) else math.nan
+
+
+def timeline_from_records(records: pd.DataFrame) -> list[dict]:
+    """A fallback timeline when the run's own was lost: each step spans its records, no warm-up known."""
+    out = []
+    if records.empty:
+        return out
+    end = records["start_time"] + records["duration_s"].fillna(0)
+    for step, group in records.groupby("step"):
+        start = float(group["start_time"].min())
+        out.append(
+            {
+                "step": int(step),
+                "users": int(group["users"].max()),
+                "start_time": start,
+                "measure_start": start,
+                "end_time": float(end[group.index].max()),
+            }
+        )
+    return out
+
+
+def step_table(records: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
+    """Per-step table: latency stats over ok requests started after the step's warm-up; tok/s over its window."""
+    if not timeline:
+        timeline = timeline_from_records(records)
+    end_time = records["start_time"] + records["e2e_s"]
+    rows = []
+    for step in timeline:
+        s = int(step["step"])
+        in_step = records[(records["step"] == s) & ~records["warmup"].astype(bool)]
+        ok = in_step[in_step["status"] == "ok"]
+        failed = in_step[in_step["status"] != "ok"]
+        cut = failed["error_type"] == CUT_OFF
+        window_start, window_end = float(step["measure_start"]), float(step["end_time"])
+        window_s = window_end - window_start
+        done_in_window = records[(records["status"] == "ok") & (end_time >= window_start) & (end_time < window_end)]
+        tokens = int(done_in_window["output_tokens"].sum())
+        itl = np.array(
+            [
+                x
+                for offs, toks in zip(ok["chunk_offsets_s"], ok["chunk_tokens"])
+                for x in glossary.itl_samples_s(list(offs), list(toks))
+            ],
+            dtype=float,
+        )
+        per_req = [glossary.per_request_tok_s(n, e) for n, e in zip(ok["output_tokens"], ok["e2e_s"])]
+        agg = glossary.aggregate_tok_s(tokens, window_s)
+        rows.append(
+            {
+                "step": s,
+                "users": int(step["users"]),
+                "window_s": window_s,
+                "requests": len(ok),
+                "errors": int((~cut).sum()),
+                "cut_off": int(cut.sum()),
+                "output_tokens": tokens,
+                "aggregate_tok_s": math.nan if agg is None else agg,
+                "per_request_tok_s_mean": _mean(pd.Series(per_req, dtype=float)),
+                "ttft_p50_s": percentile(ok["ttft_s"], 50),
+                "ttft_p95_s": percentile(ok["ttft_s"], 95),
+                "ttft_p99_s": percentile(ok["ttft_s"], 99),
+                "tpot_p50_s": percentile(ok["tpot_s"].astype(float), 50),
+                "tpot_p95_s": percentile(ok["tpot_s"].astype(float), 95),
+                "tpot_p99_s": percentile(ok["tpot_s"].astype(float), 99),
+                "itl_p50_s": percentile(itl, 50),
+                "itl_p99_s": percentile(itl, 99),
+                "e2e_mean_s": _mean(ok["e2e_s"]),
+            }
+        )
+    return pd.DataFrame(rows, columns=STEP_COLUMNS)
+
+
+def format_table(table: pd.DataFrame) -> str:
+    """The batching curve for the console: latencies in ms, throughput in tokens/s, missing values as '-'."""
+    ms = lambda v: "-" if pd.isna(v) else f"{v * 1000:.1f}"  # noqa: E731
+    num = lambda v: "-" if pd.isna(v) else f"{v:.1f}"  # noqa: E731
+    header = [
+        "step",
+        "users",
+        "reqs",
+        "errors",
+        "cut_off",
+        "agg tok/s",
+        "req tok/s",
+        "TTFT p50",
+        "p95",
+        "p99",
+        "TPOT p50",
+        "p95",
+        "p99",
+        "ITL p50",
+        "p99",
+        "E2E mean",
+    ]
+    body = []
+    for r in table.itertuples(index=False):
+        body.append(
+            [
+                str(r.step),
+                str(r.users),
+                str(r.requests),
+                str(r.errors),
+                str(r.cut_off),
+                num(r.aggregate_tok_s),
+                num(r.per_request_tok_s_mean),
+                ms(r.ttft_p50_s),
+                ms(r.ttft_p95_s),
+                ms(r.ttft_p99_s),
+                ms(r.tpot_p50_s),
+                ms(r.tpot_p95_s),
+                ms(r.tpot_p99_s),
+                ms(r.itl_p50_s),
+                ms(r.itl_p99_s),
+                ms(r.e2e_mean_s),
+            ]
+        )
+    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+    out = ["Batching curve (latencies in ms; TTFT/TPOT/ITL exact percentiles of raw records)", line(header)]
+    out += [line(row) for row in body]
+    return "\n".join(out)

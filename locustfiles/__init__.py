@@ -1,0 +1,1 @@
+"""Locust user classes, load shape and listeners for streaming LLM load tests."""

@@ -1,0 +1,129 @@
+"""The suite's custom Locust arguments.
+
+Each one is settable on the command line, in `locust.conf`, in `pyproject.toml [tool.locust]`, through a
+`LOCUST_*` environment variable, and in the web UI's start form.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from locust.util.timespan import parse_timespan
+
+DEFAULT_PROMPT = "Explica en detalle cómo funciona la fotosíntesis."
+DEFAULT_STEPS = "1,2,4,8,16,32,64"
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+def add_arguments(parser) -> None:
+    """Listener for `init_command_line_parser`."""
+    group = parser.add_argument_group("vllm-loadtest", "Streaming LLM load test options")
+    group.add_argument(
+        "--model",
+        default="",
+        env_var="LOCUST_MODEL",
+        help="Model name to request. Default: the first model listed by the server's /v1/models",
+    )
+    group.add_argument(
+        "--endpoint",
+        default="completions",
+        choices=sorted(ENDPOINTS),
+        env_var="LOCUST_ENDPOINT",
+        help="completions (/v1/completions) or chat (/v1/chat/completions)",
+    )
+    group.add_argument(
+        "--prompt", default=DEFAULT_PROMPT, env_var="LOCUST_PROMPT", help="Prompt text sent with every request"
+    )
+    group.add_argument(
+        "--max-tokens", type=int, default=256, env_var="LOCUST_MAX_TOKENS", help="max_tokens per request"
+    )
+    group.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        env_var="LOCUST_TEMPERATURE",
+        help="Sampling temperature (0 for deterministic comparisons)",
+    )
+    group.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        default=False,
+        env_var="LOCUST_IGNORE_EOS",
+        help="Send vLLM's ignore_eos so every request generates exactly --max-tokens",
+    )
+    group.add_argument(
+        "--read-timeout",
+        type=float,
+        default=600.0,
+        env_var="LOCUST_READ_TIMEOUT",
+        help="Seconds to wait for any bytes from the server (a queued request may wait minutes for its first token)",
+    )
+    group.add_argument(
+        "--api-key-env",
+        default="OPENAI_API_KEY",
+        env_var="LOCUST_API_KEY_ENV",
+        help="Name of the environment variable holding the API key (sent as a Bearer token)",
+    )
+    group.add_argument(
+        "--no-continuous-usage",
+        action="store_true",
+        default=False,
+        env_var="LOCUST_NO_CONTINUOUS_USAGE",
+        help="Do not ask for stream_options.continuous_usage_stats (for servers that reject it)",
+    )
+    group.add_argument(
+        "--steps", default=DEFAULT_STEPS, env_var="LOCUST_STEPS", help="Comma-separated user counts, one load step each"
+    )
+    group.add_argument(
+        "--step-duration", default="30s", env_var="LOCUST_STEP_DURATION", help="Length of each step (e.g. 30s, 2m)"
+    )
+    group.add_argument(
+        "--step-warmup",
+        default="5s",
+        env_var="LOCUST_STEP_WARMUP",
+        help="Start of each step excluded from its statistics (e.g. 5s)",
+    )
+    group.add_argument(
+        "--run-dir",
+        default="",
+        env_var="LOCUST_RUN_DIR",
+        help="Where records and tables go. Default: reports/<UTC timestamp>/",
+    )
+
+
+def parse_steps(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; raises ValueError with a one-line fix."""
+    try:
+        steps = [int(part) for part in str(text).replace(" ", "").split(",") if part]
+    except ValueError:
+        raise ValueError(f"--steps {text!r} is not a list of user counts; use e.g. --steps 1,2,4,8") from None
+    if not steps or any(n < 1 for n in steps):
+        raise ValueError(f"--steps {text!r} needs one or more positive user counts; use e.g. --steps 1,2,4,8")
+    return steps
+
+
+def parse_duration(text: str, name: str, allow_zero: bool = False) -> float:
+    """'30s', '2m', '1m30s' or plain seconds -> seconds; raises ValueError naming the option."""
+    text = str(text).strip()
+    try:
+        value = float(text) if text.replace(".", "", 1).isdigit() else float(parse_timespan(text))
+    except ValueError:
+        raise ValueError(f"{name} {text!r} is not a duration; use e.g. {name} 30s") from None
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} {text!r} must be {'zero or ' if allow_zero else ''}positive; use e.g. {name} 30s")
+    return value
+
+
+def check(options: argparse.Namespace) -> None:
+    """Validate the options that have no argparse type; raises ValueError with a one-line message."""
+    parse_steps(options.steps)
+    duration = parse_duration(options.step_duration, "--step-duration")
+    warmup = parse_duration(options.step_warmup, "--step-warmup", allow_zero=True)
+    if warmup >= duration:
+        raise ValueError(
+            f"--step-warmup {options.step_warmup} must be shorter than --step-duration {options.step_duration}"
+        )
+    if options.max_tokens < 1:
+        raise ValueError(f"--max-tokens {options.max_tokens} must be at least 1")
+    if options.read_timeout <= 0:
+        raise ValueError(f"--read-timeout {options.read_timeout} must be positive (seconds)")

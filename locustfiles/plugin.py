@@ -1,0 +1,225 @@
+"""Wires the suite into a Locust environment: options, the run directory, the record writer, the step tracker
+and the end-of-run table.
+
+    from locustfiles import plugin
+    plugin.install()          # in a locustfile: registers the arguments and calls register() at init
+
+Extension point: `environment.events.llm_request` fires once per finished request with `record=RequestRecord`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import locust
+from gevent.event import AsyncResult
+from geventhttpclient import HTTPClient
+from geventhttpclient.url import URL
+from locust.event import EventHook
+from locust.runners import MasterRunner, WorkerRunner
+
+from analysis.records import RECORDS_DIR, RecordWriter, RequestRecord
+from analysis.run import STEPS_FILE, finalize, write_run
+from analysis.steps import format_table
+from locustfiles import options as opts_mod
+from locustfiles.shape import StepTracker
+
+logger = logging.getLogger("vllm_loadtest")
+
+EXIT_SETUP_ERROR = 3  # bad input found before any load was sent
+
+# Options saved in run.json. An allow-list, so secrets among Locust's own options (--web-auth) never land there.
+SAVED_OPTIONS = [
+    "host",
+    "model",
+    "endpoint",
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "ignore_eos",
+    "read_timeout",
+    "api_key_env",
+    "no_continuous_usage",
+    "steps",
+    "step_duration",
+    "step_warmup",
+    "run_dir",
+    "num_users",
+    "spawn_rate",
+    "run_time",
+    "stop_timeout",
+    "processes",
+    "headless",
+    "master",
+    "worker",
+    "expect_workers",
+]
+
+
+class SetupError(Exception):
+    """Bad input or an unusable server, found before load is sent."""
+
+
+def default_run_dir() -> Path:
+    return Path("reports") / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+class RunContext:
+    """Per-process state of one Locust process: run directory, record file, step tracker, resolved model."""
+
+    def __init__(self, environment) -> None:
+        self.environment = environment
+        self.worker_name = f"{socket.gethostname()}-{os.getpid()}"
+        self.tracker = StepTracker(environment, on_change=self._save_timeline)
+        self.run_dir: Path | None = None
+        self.writer: RecordWriter | None = None
+        self.started_at: float | None = None
+        self._models: dict[str, AsyncResult] = {}
+        self.last_table = None
+
+    @property
+    def is_controller(self) -> bool:
+        """The master, or the only process of a local run: it owns the shape, the timeline and the tables."""
+        return not isinstance(self.environment.runner, WorkerRunner)
+
+    @property
+    def generates_load(self) -> bool:
+        return not isinstance(self.environment.runner, MasterRunner)
+
+    # --- model discovery -------------------------------------------------------------------------------
+    def model(self, host: str) -> str:
+        """The --model option, or the first model the server lists; looked up once per process."""
+        chosen = self.environment.parsed_options.model
+        if chosen:
+            return chosen
+        if host not in self._models:
+            result = AsyncResult()
+            self._models[host] = result
+            try:
+                options = self.environment.parsed_options
+                result.set(discover_model(host, options.read_timeout, os.environ.get(options.api_key_env or "")))
+            except SetupError as e:
+                result.set_exception(e)
+        try:
+            return self._models[host].get()
+        except SetupError as e:
+            raise locust.exception.StopTest(str(e)) from None
+
+    # --- lifecycle -------------------------------------------------------------------------------------
+    def on_test_start(self, environment, **_kw) -> None:
+        options = environment.parsed_options
+        if self.is_controller:
+            if not options.run_dir:
+                # Set on the options so the workers receive the same directory with their spawn message.
+                options.run_dir = str(default_run_dir())
+            self.started_at = time.time()
+        self.run_dir = Path(options.run_dir)
+        try:
+            (self.run_dir / RECORDS_DIR).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SetupError(
+                f"cannot create run directory {self.run_dir}: {e.strerror}; pass a writable --run-dir"
+            ) from None
+        if self.generates_load:
+            self.writer = RecordWriter(self.run_dir / RECORDS_DIR / f"{self.worker_name}.jsonl")
+        if self.is_controller:
+            self._save_timeline(self.tracker.timeline)
+            logger.info("Run directory: %s", self.run_dir)
+
+    def on_test_stop(self, environment, **_kw) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            logger.info("%d request record(s) in %s", self.writer.count, self.writer.path)
+            self.writer = None
+        if self.is_controller and self.run_dir is not None:
+            self.tracker.end()
+            self._save_timeline(self.tracker.timeline, finished=True)
+            table = finalize(self.run_dir)
+            self.last_table = table
+            print("\n" + format_table(table), flush=True)
+            print(f"\nResults: {self.run_dir / 'requests.parquet'}, {self.run_dir / STEPS_FILE}", flush=True)
+            self.tracker.reset()
+
+    def on_record(self, record: RequestRecord, **_kw) -> None:
+        if self.writer is None:
+            logger.error("request %s finished outside a run; its record is not saved", record.request_id)
+            return
+        self.writer.write(record)
+
+    def _save_timeline(self, timeline: list[dict], finished: bool = False) -> None:
+        if not self.is_controller or self.run_dir is None:
+            return
+        options = self.environment.parsed_options
+        data = {
+            "started_at": self.started_at,
+            "finished_at": time.time() if finished else None,
+            "locust_version": locust.__version__,
+            "options": {k: getattr(options, k, None) for k in SAVED_OPTIONS},
+            "timeline": timeline,
+        }
+        write_run(self.run_dir, data)
+
+
+def discover_model(host: str, timeout: float, api_key: str | None = None) -> str:
+    """GET <host>/v1/models and return the first model id."""
+    base = URL(host)
+    headers = {"Accept": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    try:
+        client = HTTPClient.from_url(base, connection_timeout=min(10.0, timeout), network_timeout=min(30.0, timeout))
+        try:
+            response = client.get(base.path.rstrip("/") + "/v1/models", headers=headers)
+            body = response.read()
+        finally:
+            client.close()
+    except Exception as e:  # any failure here is reported as one line
+        raise SetupError(
+            f"cannot reach {host}/v1/models ({type(e).__name__}: {e}); check --host, or pass --model"
+        ) from None
+    if response.status_code != 200:
+        raise SetupError(f"{host}/v1/models answered HTTP {response.status_code}; pass --model explicitly")
+    try:
+        data = json.loads(body)["data"]
+        return str(data[0]["id"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise SetupError(f"{host}/v1/models lists no model; pass --model explicitly") from None
+
+
+def register(environment) -> RunContext:
+    """Attach the suite to an environment (call from an `init` listener)."""
+    if not hasattr(environment.events, "llm_request"):
+        environment.events.llm_request = EventHook()
+    ctx = RunContext(environment)
+    environment.vllm_loadtest = ctx
+    environment.events.test_start.add_listener(ctx.on_test_start)
+    environment.events.test_stop.add_listener(ctx.on_test_stop)
+    environment.events.llm_request.add_listener(ctx.on_record)
+    return ctx
+
+
+def _on_init(environment, **_kw) -> None:
+    options = environment.parsed_options
+    if options is not None and environment.runner is not None and not isinstance(environment.runner, WorkerRunner):
+        try:
+            opts_mod.check(options)
+        except ValueError as e:
+            if options.headless:
+                sys.stderr.write(f"error: {e}\n")
+                sys.exit(EXIT_SETUP_ERROR)
+            logger.error("%s (fix it in the start form)", e)
+    register(environment)
+
+
+def install(events=None) -> None:
+    """Register the suite's arguments and its init listener on Locust's global events."""
+    events = events or locust.events
+    events.init_command_line_parser.add_listener(opts_mod.add_arguments)
+    events.init.add_listener(_on_init)

@@ -1,0 +1,334 @@
+"""An OpenAI-compatible streaming server with exactly known timing and injectable faults, for tests.
+
+Runs in its own process (so its timing does not share the load generator's event loop) with one thread per
+connection and absolute deadlines: token i of a request is sent at receipt + ttft + (i - 1) * itl, and a
+chunk carrying tokens i..j goes out at token j's deadline. It records the actual send offsets per
+X-Request-Id, served at GET /truth, so a test can compare the client's measurements with the truth.
+
+    python tests/fakeserver.py --port 0 --ttft-ms 50 --itl-ms 10 --multi-every 7 --empty-every 5 \
+        --faults http_500=11,stream_error=13
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import socketserver
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+FAULT_KINDS = (
+    "http_400",
+    "http_404",
+    "http_429",
+    "http_500",
+    "http_503",  # error body before the stream
+    "stream_error",  # an error event inside the 200 stream after a few tokens
+    "truncate",  # the connection closes mid-stream (chunked body never terminated)
+    "reset",  # TCP reset mid-stream
+    "no_done",  # the body ends cleanly but without finish_reason or [DONE]
+    "bad_json",  # a malformed data line after a few tokens
+    "stall",  # stops sending after a few tokens for --stall-s seconds
+    "html",  # a 200 text/html page, as a misconfigured proxy would answer
+)
+
+
+@dataclass
+class Config:
+    ttft_s: float = 0.05
+    itl_s: float = 0.01
+    tokens: int | None = None  # None: the request's max_tokens
+    multi_every: int = 0  # every Nth chunk after the first carries 2 tokens
+    empty_every: int = 0  # every Mth token has empty text
+    faults: list[tuple[str, int]] = field(default_factory=list)
+    stall_s: float = 5.0
+    model: str = "fake-model"
+
+
+class State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.faults: dict[str, int] = {}
+        self.ok = 0
+        self.tokens = 0
+        self.truth: dict[str, dict] = {}
+
+    def next_request(self, faults: list[tuple[str, int]]) -> tuple[int, str | None]:
+        with self.lock:
+            self.requests += 1
+            n = self.requests
+            for kind, every in faults:
+                if every and n % every == 0:
+                    self.faults[kind] = self.faults.get(kind, 0) + 1
+                    return n, kind
+            return n, None
+
+
+class Handler(socketserver.StreamRequestHandler):
+    server: Server
+
+    def setup(self) -> None:
+        super().setup()
+        # Without TCP_NODELAY, Nagle plus delayed ACKs coalesce SSE events and ruin the timing.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def handle(self) -> None:
+        while True:
+            line = self.rfile.readline(65536)
+            if not line:
+                return
+            t_recv = time.perf_counter()
+            try:
+                method, path, _ = line.decode("latin-1").split(" ", 2)
+            except ValueError:
+                return
+            headers = {}
+            while True:
+                h = self.rfile.readline(65536)
+                if h in (b"\r\n", b"\n", b""):
+                    break
+                k, _, v = h.decode("latin-1").partition(":")
+                headers[k.strip().lower()] = v.strip()
+            body = self.rfile.read(int(headers.get("content-length", "0") or 0))
+            keep = self.route(method, path, headers, body, t_recv)
+            if not keep:
+                return
+
+    # --- responses --------------------------------------------------------------------------------------
+    def send_json(self, status: int, obj: dict) -> bool:
+        data = json.dumps(obj).encode()
+        reason = {
+            200: "OK",
+            400: "Bad Request",
+            404: "Not Found",
+            429: "Too Many Requests",
+            500: "Internal Server Error",
+            503: "Service Unavailable",
+        }.get(status, "Error")
+        self.wfile.write(
+            f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n".encode()
+            + f"content-length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
+        return True
+
+    def route(self, method: str, path: str, headers: dict, body: bytes, t_recv: float) -> bool:
+        cfg: Config = self.server.config
+        state: State = self.server.state
+        if method == "GET" and path == "/v1/models":
+            return self.send_json(200, {"object": "list", "data": [{"id": cfg.model, "object": "model"}]})
+        if method == "GET" and path == "/stats":
+            with state.lock:
+                return self.send_json(
+                    200, {"requests": state.requests, "ok": state.ok, "faults": state.faults, "tokens": state.tokens}
+                )
+        if method == "GET" and path == "/truth":
+            with state.lock:
+                return self.send_json(200, state.truth)
+        if method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
+            return self.stream(path, headers, json.loads(body or b"{}"), t_recv)
+        return self.send_json(404, {"error": {"message": f"no route {method} {path}", "code": 404}})
+
+    def stream(self, path: str, headers: dict, req: dict, t_recv: float) -> bool:
+        cfg: Config = self.server.config
+        state: State = self.server.state
+        _, fault = state.next_request(cfg.faults)
+        request_id = headers.get("x-request-id", "")
+        if fault and fault.startswith("http_"):
+            code = int(fault[5:])
+            return self.send_json(code, {"error": {"message": f"injected {fault}", "type": "Injected", "code": code}})
+        if fault == "html":
+            page = b"<html><body><h1>502 Bad Gateway</h1></body></html>\n"
+            self.wfile.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: %d\r\n\r\n" % len(page) + page
+            )
+            return True
+
+        chat = path.endswith("chat/completions")
+        opts = req.get("stream_options") or {}
+        include_usage = bool(opts.get("include_usage"))
+        continuous = bool(opts.get("continuous_usage_stats"))
+        n_tokens = cfg.tokens if cfg.tokens is not None else int(req.get("max_tokens") or 16)
+        prompt_tokens = 7
+        self.wfile.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
+        self.wfile.flush()
+
+        def event(obj_or_raw) -> None:
+            data = obj_or_raw if isinstance(obj_or_raw, bytes) else json.dumps(obj_or_raw).encode()
+            payload = b"data: " + data + b"\n\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+            self.wfile.flush()
+
+        def chunk(text: str, finish: str | None, done_tokens: int) -> dict:
+            if chat:
+                choice = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": text, "finish_reason": finish}
+            obj = {
+                "id": "cmpl-fake",
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "model": cfg.model,
+                "choices": [choice],
+            }
+            if continuous:
+                obj["usage"] = {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": done_tokens,
+                    "total_tokens": prompt_tokens + done_tokens,
+                }
+            return obj
+
+        # Plan the chunks: sizes in tokens.
+        sizes, sent = [], 0
+        while sent < n_tokens:
+            k = 2 if (cfg.multi_every and len(sizes) > 0 and len(sizes) % cfg.multi_every == 0) else 1
+            k = min(k, n_tokens - sent)
+            sizes.append(k)
+            sent += k
+        mid_stream = ("stream_error", "bad_json", "stall", "reset", "truncate")
+        fault_after = min(3, len(sizes) - 1) if fault in mid_stream else None
+
+        offsets: list[float] = []
+        done = 0
+        try:
+            if chat:
+                role = {
+                    "id": "cmpl-fake",
+                    "object": "chat.completion.chunk",
+                    "model": cfg.model,
+                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+                }
+                if continuous:
+                    role["usage"] = {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": 0,
+                        "total_tokens": prompt_tokens,
+                    }
+                event(role)
+            for i, k in enumerate(sizes):
+                if fault_after is not None and i == fault_after:
+                    return self.inject(fault, event)
+                done += k
+                deadline = t_recv + cfg.ttft_s + (done - 1) * cfg.itl_s
+                delay = deadline - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                text = "" if (cfg.empty_every and done % cfg.empty_every == 0) else f" tok{done}"
+                finish = "length" if (i == len(sizes) - 1 and fault != "no_done") else None
+                event(chunk(text, finish, done))
+                offsets.append(time.perf_counter() - t_recv)
+            if fault == "no_done":
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+                return True
+            if include_usage:
+                event(
+                    {
+                        "id": "cmpl-fake",
+                        "object": "text_completion",
+                        "model": cfg.model,
+                        "choices": [],
+                        "usage": {
+                            "prompt_tokens": prompt_tokens,
+                            "completion_tokens": done,
+                            "total_tokens": prompt_tokens + done,
+                        },
+                    }
+                )
+            event(b"[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            return False
+        with state.lock:
+            state.ok += 1
+            state.tokens += done
+            state.truth[request_id] = {"ttft_s": offsets[0], "e2e_s": offsets[-1], "tokens": done, "sizes": sizes}
+        return True
+
+    def inject(self, fault: str, event) -> bool:
+        if fault == "stream_error":
+            event({"error": {"message": "injected engine failure", "type": "InternalServerError", "code": 500}})
+            event(b"[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+            return True
+        if fault == "bad_json":
+            event(b'{"id": "cmpl-fake", "choices": [')
+            event(b"[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+            return True
+        if fault == "stall":
+            time.sleep(self.server.config.stall_s)
+            return False
+        if fault == "reset":
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            return False
+        return False  # truncate: close without terminating the chunked body
+
+
+class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 256
+
+    def __init__(self, address, config: Config) -> None:
+        self.config = config
+        self.state = State()
+        super().__init__(address, Handler)
+
+
+def parse_faults(text: str) -> list[tuple[str, int]]:
+    out = []
+    for part in filter(None, (text or "").split(",")):
+        kind, _, every = part.partition("=")
+        if kind not in FAULT_KINDS:
+            raise SystemExit(f"unknown fault {kind!r}; known: {', '.join(FAULT_KINDS)}")
+        out.append((kind, int(every)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--ttft-ms", type=float, default=50.0)
+    p.add_argument("--itl-ms", type=float, default=10.0)
+    p.add_argument("--tokens", type=int, default=None, help="tokens per response (default: max_tokens)")
+    p.add_argument("--multi-every", type=int, default=0)
+    p.add_argument("--empty-every", type=int, default=0)
+    p.add_argument("--faults", default="", help="kind=every,... e.g. http_500=11,truncate=17")
+    p.add_argument("--stall-s", type=float, default=5.0)
+    p.add_argument("--model", default="fake-model")
+    a = p.parse_args(argv)
+    cfg = Config(
+        a.ttft_ms / 1000,
+        a.itl_ms / 1000,
+        a.tokens,
+        a.multi_every,
+        a.empty_every,
+        parse_faults(a.faults),
+        a.stall_s,
+        a.model,
+    )
+    server = Server((a.host, a.port), cfg)
+    print(f"PORT {server.server_address[1]}", flush=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
