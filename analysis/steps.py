@@ -77,14 +77,19 @@ def step_table(records: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
     if not timeline:
         timeline = timeline_from_records(records)
     end_time = records["start_time"] + records["e2e_s"]
+    # Requests still in flight when the load generator began to stop are not measured: the stop itself
+    # blocks Locust's event loop (for ~90 ms in Locust 2.47), which would delay their last timestamps.
+    stop_time = max((float(t["end_time"]) for t in timeline if t.get("end_time") is not None), default=math.inf)
+    finished = records["start_time"] + records["duration_s"].fillna(math.inf)
+    in_flight_at_stop = (finished > stop_time) | (records["error_type"] == CUT_OFF)
     rows = []
     for step in timeline:
         s = int(step["step"])
         in_step = records[(records["step"] == s) & ~records["warmup"].astype(bool)]
-        ok = in_step[in_step["status"] == "ok"]
-        failed = in_step[in_step["status"] != "ok"]
-        cut = failed["error_type"] == CUT_OFF
-        window_start, window_end = float(step["measure_start"]), float(step["end_time"])
+        cut = in_flight_at_stop[in_step.index]
+        ok = in_step[(in_step["status"] == "ok") & ~cut]
+        failed = in_step[(in_step["status"] != "ok") & ~cut]
+        window_start, window_end = float(step["measure_start"]), float(step["end_time"] or stop_time)
         window_s = window_end - window_start
         done_in_window = records[(records["status"] == "ok") & (end_time >= window_start) & (end_time < window_end)]
         tokens = int(done_in_window["output_tokens"].sum())
@@ -104,7 +109,7 @@ def step_table(records: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
                 "users": int(step["users"]),
                 "window_s": window_s,
                 "requests": len(ok),
-                "errors": int((~cut).sum()),
+                "errors": len(failed),
                 "cut_off": int(cut.sum()),
                 "output_tokens": tokens,
                 "aggregate_tok_s": math.nan if agg is None else agg,

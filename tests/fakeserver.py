@@ -83,6 +83,7 @@ class Handler(socketserver.StreamRequestHandler):
             if not line:
                 return
             t_recv = time.perf_counter()
+            self.wall_recv = time.time()
             try:
                 method, path, _ = line.decode("latin-1").split(" ", 2)
             except ValueError:
@@ -139,6 +140,7 @@ class Handler(socketserver.StreamRequestHandler):
         state: State = self.server.state
         _, fault = state.next_request(cfg.faults)
         request_id = headers.get("x-request-id", "")
+        wall_recv = self.wall_recv
         if fault and fault.startswith("http_"):
             code = int(fault[5:])
             return self.send_json(code, {"error": {"message": f"injected {fault}", "type": "Injected", "code": code}})
@@ -250,7 +252,16 @@ class Handler(socketserver.StreamRequestHandler):
         with state.lock:
             state.ok += 1
             state.tokens += done
-            state.truth[request_id] = {"ttft_s": offsets[0], "e2e_s": offsets[-1], "tokens": done, "sizes": sizes}
+            state.truth[request_id] = {
+                "ttft_s": offsets[0],
+                "e2e_s": offsets[-1],
+                "tokens": done,
+                "sizes": sizes,
+                # Wall-clock anchors let a test split a client's error into request path and response path.
+                "recv_wall": wall_recv,
+                "first_sent_wall": wall_recv + offsets[0],
+                "last_sent_wall": wall_recv + offsets[-1],
+            }
         return True
 
     def inject(self, fault: str, event) -> bool:
@@ -319,6 +330,7 @@ def main(argv: list[str] | None = None) -> None:
         a.stall_s,
         a.model,
     )
+    sys.setswitchinterval(0.0002)  # hand the GIL over fast: a waking handler thread must not wait 5 ms
     server = Server((a.host, a.port), cfg)
     print(f"PORT {server.server_address[1]}", flush=True)
     try:
