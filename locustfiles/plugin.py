@@ -9,15 +9,19 @@ Extension point: `environment.events.llm_request` fires once per finished reques
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import gevent
+import greenlet
 import locust
 from gevent.event import AsyncResult
 from geventhttpclient import HTTPClient
@@ -110,10 +114,15 @@ class RunContext:
         try:
             return self._models[host].get()
         except SetupError as e:
+            self.environment.process_exit_code = EXIT_SETUP_ERROR
             raise locust.exception.StopTest(str(e)) from None
 
     # --- lifecycle -------------------------------------------------------------------------------------
     def on_test_start(self, environment, **_kw) -> None:
+        # Locust's Runner.stop() calls inspect.stack(), whose first call scans every loaded module (~40 ms here)
+        # while the event loop is blocked and streams are still in flight. Paying it now, before any request
+        # is sent, keeps the stop from delaying the last requests' timestamps.
+        inspect.stack(0)
         options = environment.parsed_options
         if self.is_controller:
             if not options.run_dir:
@@ -146,6 +155,7 @@ class RunContext:
             print("\n" + format_table(table), flush=True)
             print(f"\nResults: {self.run_dir / 'requests.parquet'}, {self.run_dir / STEPS_FILE}", flush=True)
             self.tracker.reset()
+            self.run_dir = None  # finalize once per run, even if Locust fires test_stop twice
 
     def on_record(self, record: RequestRecord, **_kw) -> None:
         if self.writer is None:
@@ -205,8 +215,24 @@ def register(environment) -> RunContext:
     return ctx
 
 
+def _treat_sigterm_as_ctrl_c() -> None:
+    """In a headless run with a load shape, Locust blocks on the shape before installing its SIGTERM handler,
+    so SIGTERM killed the process without writing anything. Raise KeyboardInterrupt in the main greenlet
+    instead: Locust's Ctrl-C path stops the users and fires test_stop, which writes the results.
+    (Locust's own handler replaces this one where it does get installed.)"""
+    main = greenlet.getcurrent()
+
+    def handler() -> None:
+        logger.warning("Got SIGTERM: stopping the run and writing the results")
+        main.throw(KeyboardInterrupt)
+
+    gevent.signal_handler(signal.SIGTERM, handler)
+
+
 def _on_init(environment, **_kw) -> None:
     options = environment.parsed_options
+    if options is not None and options.headless and not isinstance(environment.runner, WorkerRunner):
+        _treat_sigterm_as_ctrl_c()
     if options is not None and environment.runner is not None and not isinstance(environment.runner, WorkerRunner):
         try:
             opts_mod.check(options)

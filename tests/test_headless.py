@@ -1,0 +1,166 @@
+"""End to end: real `locust` processes, as a user runs them, against the fake server."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from analysis.run import STEPS_FILE
+from analysis.steps import STEP_COLUMNS
+from tests.conftest import ROOT
+
+LOCUSTFILE = str(ROOT / "locustfiles" / "vllm_streaming.py")
+
+
+def locust(*args: str, cwd=None, env=None, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "locust", "-f", LOCUSTFILE, "--headless", *args],
+        cwd=cwd or ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_stepped_headless_run_writes_records_and_the_step_table(fake_server, tmp_path):
+    server = fake_server("--ttft-ms", "20", "--itl-ms", "5")
+    run_dir = tmp_path / "run"
+    proc = locust(
+        "--host",
+        server.url,
+        "--steps",
+        "1,2,4",
+        "--step-duration",
+        "3s",
+        "--step-warmup",
+        "1s",
+        "--max-tokens",
+        "16",
+        "--run-dir",
+        str(run_dir),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Batching curve" in proc.stdout
+
+    records = pd.read_parquet(run_dir / "requests.parquet")
+    steps = pd.read_csv(run_dir / STEPS_FILE)
+    assert list(steps.columns) == STEP_COLUMNS
+    assert list(steps["users"]) == [1, 2, 4] and list(steps["step"]) == [0, 1, 2]
+    assert (steps["requests"] > 0).all() and (steps["errors"] == 0).all()
+    # Aggregate throughput grows with users against a server that does not saturate.
+    assert steps["aggregate_tok_s"].is_monotonic_increasing
+    assert set(records["step"]) == {0, 1, 2}
+    assert dict(records.groupby("step")["users"].first()) == {0: 1, 1: 2, 2: 4}
+    assert records["warmup"].any() and not records["warmup"].all()
+    # Every request the server answered is in the records, once.
+    assert len(records) == server.get("/stats")["requests"] and records["request_id"].is_unique
+    # Table counts come from the raw records.
+    measured = records[~records["warmup"] & (records["status"] == "ok")]
+    assert steps["requests"].sum() <= len(measured)
+    run = json.loads((run_dir / "run.json").read_text())
+    assert [t["users"] for t in run["timeline"]] == [1, 2, 4]
+    assert run["finished_at"] is not None
+
+
+def test_options_from_env_vars_and_pyproject(fake_server, tmp_path):
+    server = fake_server("--ttft-ms", "5", "--itl-ms", "1")
+    (tmp_path / "pyproject.toml").write_text('[tool.locust]\nsteps = "2"\nstep-duration = "2s"\nmax-tokens = 7\n')
+    proc = locust(
+        "--host",
+        server.url,
+        "--step-warmup",
+        "0s",
+        cwd=tmp_path,
+        env={"LOCUST_MAX_TOKENS": "9", "LOCUST_RUN_DIR": str(tmp_path / "r")},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = pd.read_parquet(tmp_path / "r" / "requests.parquet")
+    assert set(records["users"]) == {2}  # from pyproject.toml
+    assert set(records.query("status == 'ok'")["output_tokens"]) == {9}  # LOCUST_* beats pyproject.toml
+
+
+def test_default_run_dir_is_a_utc_timestamp_under_reports(fake_server, tmp_path):
+    server = fake_server("--ttft-ms", "5", "--itl-ms", "1")
+    proc = locust("--host", server.url, "--steps", "1", "--step-duration", "1s", "--step-warmup", "0s", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = (tmp_path / "reports").iterdir()
+    assert len(run_dir.name) == len("20261129T170000Z") and run_dir.name.endswith("Z")
+    assert (run_dir / "requests.parquet").exists()
+
+
+def test_bad_steps_fail_fast_with_one_line_and_no_load(fake_server, tmp_path):
+    server = fake_server()
+    proc = locust("--host", server.url, "--steps", "1,x", "--run-dir", str(tmp_path / "r"))
+    assert proc.returncode == 3
+    assert "error: --steps '1,x' is not a list of user counts; use e.g. --steps 1,2,4,8" in proc.stderr
+    assert server.get("/stats")["requests"] == 0
+
+
+def test_unreachable_host_without_model_stops_with_a_clear_error(tmp_path):
+    proc = locust(
+        "--host",
+        "http://127.0.0.1:9",
+        "--steps",
+        "1",
+        "--step-duration",
+        "10s",
+        "--run-dir",
+        str(tmp_path / "r"),
+        timeout=60,
+    )
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "cannot reach http://127.0.0.1:9/v1/models" in proc.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_keeps_every_completed_request(fake_server, tmp_path, sig):
+    server = fake_server("--ttft-ms", "10", "--itl-ms", "5")
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            LOCUSTFILE,
+            "--headless",
+            "--host",
+            server.url,
+            "--steps",
+            "4",
+            "--step-duration",
+            "60s",
+            "--step-warmup",
+            "0s",
+            "--max-tokens",
+            "20",
+            "--run-dir",
+            str(run_dir),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(4)
+    proc.send_signal(sig)
+    proc.communicate(timeout=60)
+    records = pd.read_parquet(run_dir / "requests.parquet")
+    ok = server.get("/stats")["ok"]
+    assert ok > 0
+    assert (records["status"] == "ok").sum() >= ok - 4  # at most the in-flight ones finish after being cut off
+    assert len(records) == server.get("/stats")["requests"]
+    assert (run_dir / STEPS_FILE).exists()
+    # The table can be rebuilt from the raw records alone.
+    (run_dir / "requests.parquet").unlink()
+    rebuilt = subprocess.run(
+        [sys.executable, "-m", "analysis", "steps", str(run_dir)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert len(pd.read_parquet(run_dir / "requests.parquet")) == len(records)

@@ -1,0 +1,107 @@
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.records import SCHEMA, RequestRecord
+from analysis.steps import STEP_COLUMNS, format_table, percentile, step_table
+
+
+def rec(i, step, users, start, ttft, n, itl, warmup=False, status="ok", error_type=None, duration=None):
+    offs = [ttft + k * itl for k in range(n)]
+    r = RequestRecord(
+        request_id=f"r{i}",
+        worker="w",
+        step=step,
+        users=users,
+        warmup=warmup,
+        start_time=start,
+        endpoint="completions",
+        model="m",
+        status=status,
+        error_type=error_type,
+        ttft_s=offs[0] if status == "ok" else None,
+        e2e_s=offs[-1] if status == "ok" else None,
+        tpot_s=(offs[-1] - offs[0]) / (n - 1) if status == "ok" and n > 1 else None,
+        duration_s=duration if duration is not None else offs[-1] + 0.001,
+        output_tokens=n if status == "ok" else None,
+        chunks=n if status == "ok" else 0,
+        chunk_offsets_s=offs if status == "ok" else [],
+        chunk_tokens=[1] * n if status == "ok" else [],
+    )
+    return {f: getattr(r, f) for f in SCHEMA.names}
+
+
+def frame(rows):
+    import pyarrow as pa
+
+    return pa.Table.from_pylist(rows, schema=SCHEMA).to_pandas()
+
+
+TIMELINE = [
+    {"step": 0, "users": 1, "start_time": 0.0, "measure_start": 2.0, "end_time": 10.0},
+    {"step": 1, "users": 2, "start_time": 10.0, "measure_start": 12.0, "end_time": 20.0},
+]
+
+
+def test_percentile_is_exact_and_missing_is_nan():
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile(list(range(101)), 99) == 99.0
+    assert math.isnan(percentile([], 50))
+    assert math.isnan(percentile([np.nan], 50))
+
+
+def test_step_table_excludes_warmup_and_counts_window_tokens():
+    rows = [
+        rec(0, 0, 1, 1.0, 0.1, 11, 0.01, warmup=True),  # warm-up: excluded from latency stats
+        rec(1, 0, 1, 3.0, 0.2, 11, 0.01),
+        rec(2, 0, 1, 4.0, 0.4, 11, 0.02),
+        rec(3, 0, 1, 5.0, 0.0, 0, 0, status="error", error_type="http_500", duration=0.01),
+        rec(4, 1, 2, 13.0, 0.3, 21, 0.01),
+        rec(5, 1, 2, 13.5, 0.5, 21, 0.01),
+    ]
+    t = step_table(frame(rows), TIMELINE)
+    assert list(t.columns) == STEP_COLUMNS
+    s0, s1 = t.iloc[0], t.iloc[1]
+    assert (s0.requests, s0.errors, s0.cut_off) == (2, 1, 0)
+    assert s0.ttft_p50_s == pytest.approx(0.3)
+    assert s0.tpot_p50_s == pytest.approx(0.015)
+    # ok requests completing in [2, 10): r1 and r2 (r0 completed at 1.2, before the warm-up ended)
+    assert s0.output_tokens == 22 and s0.aggregate_tok_s == pytest.approx(22 / 8.0)
+    assert s0.itl_p50_s == pytest.approx(0.015)
+    assert s0.e2e_mean_s == pytest.approx(((0.2 + 0.1) + (0.4 + 0.2)) / 2)
+    assert s0.per_request_tok_s_mean == pytest.approx((11 / 0.3 + 11 / 0.6) / 2)
+    assert (s1.users, s1.requests) == (2, 2)
+    assert s1.aggregate_tok_s == pytest.approx(42 / 8.0)
+
+
+def test_requests_in_flight_at_the_stop_are_cut_off_not_measured():
+    rows = [
+        rec(1, 1, 2, 13.0, 0.3, 21, 0.01),
+        rec(2, 1, 2, 19.9, 0.3, 21, 0.01),  # finishes at 20.5, after the stop began at 20.0
+        rec(3, 1, 2, 19.95, 0, 0, 0, status="error", error_type="cut_off", duration=0.05),
+    ]
+    t = step_table(frame(rows), TIMELINE)
+    s1 = t.iloc[1]
+    assert (s1.requests, s1.errors, s1.cut_off) == (1, 0, 2)
+
+
+def test_a_step_without_requests_reports_missing_not_zero():
+    t = step_table(frame([rec(1, 0, 1, 3.0, 0.2, 11, 0.01)]), TIMELINE)
+    s1 = t.iloc[1]
+    assert s1.requests == 0 and math.isnan(s1.ttft_p50_s) and math.isnan(s1.e2e_mean_s)
+    assert s1.aggregate_tok_s == 0.0  # a measured window in which no tokens arrived
+    text = format_table(t)
+    assert "TTFT p50" in text and " - " in text
+
+
+def test_without_timeline_steps_come_from_records():
+    t = step_table(frame([rec(1, 0, 4, 3.0, 0.2, 11, 0.01), rec(2, 0, 4, 3.5, 0.2, 11, 0.01)]), [])
+    assert list(t["users"]) == [4] and t.iloc[0].requests == 2
+
+
+def test_empty_records():
+    t = step_table(frame([]), TIMELINE)
+    assert list(t["requests"]) == [0, 0]
+    assert pd.isna(t.iloc[0].ttft_p99_s)
