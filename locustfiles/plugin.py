@@ -75,6 +75,17 @@ def default_run_dir() -> Path:
     return Path("reports") / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
+def unused_run_dir(path: Path) -> Path:
+    """`path`, or `path-2`, `path-3` ... when it already holds records of another run (never mix two runs)."""
+    candidate, n = path, 1
+    while (candidate / RECORDS_DIR).is_dir() and any((candidate / RECORDS_DIR).iterdir()):
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    if candidate != path:
+        logger.warning("%s already holds a run; writing this one to %s", path, candidate)
+    return candidate
+
+
 class RunContext:
     """Per-process state of one Locust process: run directory, record file, step tracker, resolved model."""
 
@@ -86,6 +97,7 @@ class RunContext:
         self.writer: RecordWriter | None = None
         self.started_at: float | None = None
         self._models: dict[str, AsyncResult] = {}
+        self._generated_run_dir: str | None = None
         self.last_table = None
 
     @property
@@ -124,10 +136,19 @@ class RunContext:
         # is sent, keeps the stop from delaying the last requests' timestamps.
         inspect.stack(0)
         options = environment.parsed_options
+        if self.is_controller and not options.headless:
+            try:
+                opts_mod.check(options)  # the web UI's start form may have changed them
+            except ValueError as e:
+                logger.error("%s; fix it in the start form", e)
+                gevent.spawn(environment.runner.stop)
+                return
         if self.is_controller:
-            if not options.run_dir:
-                # Set on the options so the workers receive the same directory with their spawn message.
-                options.run_dir = str(default_run_dir())
+            if not options.run_dir or options.run_dir == self._generated_run_dir:
+                self._generated_run_dir = str(default_run_dir())
+                options.run_dir = self._generated_run_dir
+            options.run_dir = str(unused_run_dir(Path(options.run_dir)))
+            # Set on the options, so the workers receive the same directory with their spawn message.
             self.started_at = time.time()
         self.run_dir = Path(options.run_dir)
         try:
@@ -229,10 +250,29 @@ def _treat_sigterm_as_ctrl_c() -> None:
     gevent.signal_handler(signal.SIGTERM, handler)
 
 
+def apply_users_shortcut(options) -> str | None:
+    """Plain Locust habits keep working with the stepped shape: headless `-u 16 -t 60s` without --steps runs one
+    step of 16 users for 60 s (Locust itself ignores -u and -t when a locustfile has a shape)."""
+    if not options.headless or options.num_users is None or options.steps != opts_mod.DEFAULT_STEPS:
+        return None
+    options.steps = str(options.num_users)
+    if options.run_time and options.step_duration == opts_mod.DEFAULT_STEP_DURATION:
+        options.step_duration = f"{options.run_time}s"
+        if opts_mod.parse_duration(options.step_warmup, "--step-warmup", allow_zero=True) >= options.run_time:
+            options.step_warmup = "0s"
+    return (
+        f"-u {options.num_users}{f' -t {options.run_time}s' if options.run_time else ''}: running one step "
+        f"(--steps {options.steps} --step-duration {options.step_duration} --step-warmup {options.step_warmup})"
+    )
+
+
 def _on_init(environment, **_kw) -> None:
     options = environment.parsed_options
     if options is not None and options.headless and not isinstance(environment.runner, WorkerRunner):
         _treat_sigterm_as_ctrl_c()
+        message = apply_users_shortcut(options)
+        if message:
+            logger.info(message)
     if options is not None and environment.runner is not None and not isinstance(environment.runner, WorkerRunner):
         try:
             opts_mod.check(options)

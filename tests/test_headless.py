@@ -164,3 +164,92 @@ def test_interrupt_keeps_every_completed_request(fake_server, tmp_path, sig):
     )
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert len(pd.read_parquet(run_dir / "requests.parquet")) == len(records)
+
+
+def test_a_second_run_into_the_same_run_dir_goes_to_a_sibling(fake_server, tmp_path):
+    server = fake_server("--ttft-ms", "5", "--itl-ms", "1")
+    args = (
+        "--host",
+        server.url,
+        "--steps",
+        "1",
+        "--step-duration",
+        "1s",
+        "--step-warmup",
+        "0s",
+        "--run-dir",
+        str(tmp_path / "r"),
+    )
+    assert locust(*args).returncode == 0
+    assert locust(*args).returncode == 0
+    first = pd.read_parquet(tmp_path / "r" / "requests.parquet")
+    second = pd.read_parquet(tmp_path / "r-2" / "requests.parquet")
+    assert len(first) + len(second) == server.get("/stats")["requests"]
+    assert not set(first["request_id"]) & set(second["request_id"])
+
+
+def test_options_appear_in_the_web_ui_start_form(tmp_path):
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            LOCUSTFILE,
+            "--host",
+            "http://127.0.0.1:9",
+            "--web-host",
+            "127.0.0.1",
+            "--web-port",
+            str(port),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        page = ""
+        for _ in range(100):
+            try:
+                page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).read().decode()
+                break
+            except OSError:
+                time.sleep(0.2)
+        start = page.index('"extra_options"')
+        extra = json.JSONDecoder().raw_decode(page[page.index("{", start) :])[0]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    for name in (
+        "model",
+        "endpoint",
+        "prompt",
+        "max_tokens",
+        "temperature",
+        "ignore_eos",
+        "read_timeout",
+        "api_key_env",
+        "no_continuous_usage",
+        "steps",
+        "step_duration",
+        "step_warmup",
+        "run_dir",
+    ):
+        assert name in extra, name
+    assert extra["endpoint"]["choices"] == ["chat", "completions"]
+    assert extra["max_tokens"]["default_value"] == 256
+
+
+def test_plain_users_and_run_time_run_one_step(fake_server, tmp_path):
+    server = fake_server("--ttft-ms", "5", "--itl-ms", "1")
+    proc = locust("--host", server.url, "-u", "3", "-t", "3s", "--max-tokens", "8", "--run-dir", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = pd.read_csv(tmp_path / "r" / STEPS_FILE)
+    assert list(steps["users"]) == [3]
+    assert 1.5 < steps["window_s"].iloc[0] < 4.5  # 3 s minus the default 5 s warm-up clipped to 0 s
