@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.records import merge_records
-from analysis.steps import step_table
+from analysis.server_metrics import SCRAPES_FILE, load_metrics, merge_scrapes, step_server_table
+from analysis.steps import step_table, timeline_from_records
 
 RUN_FILE = "run.json"
 STEPS_FILE = "steps.csv"
@@ -31,9 +32,15 @@ def write_run(run_dir: Path, data: dict) -> None:
 
 
 def finalize(run_dir: Path) -> pd.DataFrame:
-    """Merge the records into requests.parquet and write steps.csv; returns the step table."""
+    """Merge records and scrapes into requests.parquet and metrics.parquet, write steps.csv; return the table."""
     run_dir = Path(run_dir)
     records = merge_records(run_dir)
-    table = step_table(records, read_run(run_dir).get("timeline") or [])
+    timeline = read_run(run_dir).get("timeline") or timeline_from_records(records)
+    table = step_table(records, timeline)
+    metrics = merge_scrapes(run_dir) if (run_dir / SCRAPES_FILE).exists() else load_metrics(run_dir)
+    if metrics is not None:
+        models = records["model"].dropna().unique()
+        server = step_server_table(metrics, timeline, model=models[0] if len(models) == 1 else None)
+        table = table.merge(server, on="step", how="left")
     table.to_csv(run_dir / STEPS_FILE, index=False)
     return table

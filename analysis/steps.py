@@ -176,4 +176,24 @@ def format_table(table: pd.DataFrame) -> str:
     line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
     out = ["Batching curve (latencies in ms; TTFT/TPOT/ITL exact percentiles of raw records)", line(header)]
     out += [line(row) for row in body]
+    if "kv_cache_usage_max" in table.columns and table["kv_cache_usage_max"].notna().any():
+        out += ["", "Server (vLLM /metrics over each step's measured window)"]
+        head = ["step", "users", "KV cache mean", "max", "running mean", "max", "waiting mean", "max", "preemptions"]
+        pct = lambda v: "-" if pd.isna(v) else f"{v * 100:.0f}%"  # noqa: E731
+        rows = [
+            [
+                str(r.step),
+                str(r.users),
+                pct(r.kv_cache_usage_mean),
+                pct(r.kv_cache_usage_max),
+                num(r.running_mean),
+                num(r.running_max),
+                num(r.waiting_mean),
+                num(r.waiting_max),
+                "-" if pd.isna(r.preemptions) else f"{r.preemptions:.0f}",
+            ]
+            for r in table.itertuples(index=False)
+        ]
+        w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+        out += ["  ".join(c.rjust(x) for c, x in zip(cells, w)) for cells in [head, *rows]]
     return "\n".join(out)

@@ -88,6 +88,19 @@ def add_arguments(parser) -> None:
         help="Start of each step excluded from its statistics (e.g. 5s)",
     )
     parser.add_argument(
+        "--metrics-url",
+        default="",
+        env_var="LOCUST_METRICS_URL",
+        help="Prometheus endpoint of the server, scraped during the run. Default: <host>/metrics; 'off' to disable",
+    )
+    parser.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=1.0,
+        env_var="LOCUST_SCRAPE_INTERVAL",
+        help="Seconds between two scrapes of --metrics-url",
+    )
+    parser.add_argument(
         "--run-dir",
         default="",
         env_var="LOCUST_RUN_DIR",
@@ -129,5 +142,7 @@ def check(options: argparse.Namespace) -> None:
         )
     if options.max_tokens < 1:
         raise ValueError(f"--max-tokens {options.max_tokens} must be at least 1")
+    if options.scrape_interval <= 0:
+        raise ValueError(f"--scrape-interval {options.scrape_interval} must be positive (seconds)")
     if options.read_timeout <= 0:
         raise ValueError(f"--read-timeout {options.read_timeout} must be positive (seconds)")

@@ -33,6 +33,7 @@ from analysis.records import RECORDS_DIR, RecordWriter, RequestRecord
 from analysis.run import STEPS_FILE, finalize, write_run
 from analysis.steps import format_table
 from locustfiles import options as opts_mod
+from locustfiles.scraper import MetricsScraper
 from locustfiles.shape import StepTracker
 
 logger = logging.getLogger("vllm_loadtest")
@@ -98,6 +99,7 @@ class RunContext:
         self.started_at: float | None = None
         self._models: dict[str, AsyncResult] = {}
         self._generated_run_dir: str | None = None
+        self.scraper: MetricsScraper | None = None
         self.last_table = None
 
     @property
@@ -162,12 +164,16 @@ class RunContext:
         if self.is_controller:
             self._save_timeline(self.tracker.timeline)
             logger.info("Run directory: %s", self.run_dir)
+            self._start_scraper(options)
 
     def on_test_stop(self, environment, **_kw) -> None:
         if self.writer is not None:
             self.writer.close()
             logger.info("%d request record(s) in %s", self.writer.count, self.writer.path)
             self.writer = None
+        if self.scraper is not None:
+            self.scraper.stop()
+            self.scraper = None
         if self.is_controller and self.run_dir is not None:
             self.tracker.end()
             self._save_timeline(self.tracker.timeline, finished=True)
@@ -177,6 +183,12 @@ class RunContext:
             print(f"\nResults: {self.run_dir / 'requests.parquet'}, {self.run_dir / STEPS_FILE}", flush=True)
             self.tracker.reset()
             self.run_dir = None  # finalize once per run, even if Locust fires test_stop twice
+
+    def _start_scraper(self, options) -> None:
+        url = options.metrics_url or (f"{(options.host or '').rstrip('/')}/metrics" if options.host else "")
+        if not url or url == "off":
+            return
+        self.scraper = MetricsScraper(url, options.scrape_interval, self.run_dir).start()
 
     def on_record(self, record: RequestRecord, **_kw) -> None:
         if self.writer is None:

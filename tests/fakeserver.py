@@ -47,6 +47,7 @@ class Config:
     faults: list[tuple[str, int]] = field(default_factory=list)
     stall_s: float = 5.0
     model: str = "fake-model"
+    metrics: str = "up"  # "down": /metrics answers 503
 
 
 class State:
@@ -57,6 +58,7 @@ class State:
         self.ok = 0
         self.tokens = 0
         self.truth: dict[str, dict] = {}
+        self.running = 0
 
     def next_request(self, faults: list[tuple[str, int]]) -> tuple[int, str | None]:
         with self.lock:
@@ -128,6 +130,31 @@ class Handler(socketserver.StreamRequestHandler):
                 return self.send_json(
                     200, {"requests": state.requests, "ok": state.ok, "faults": state.faults, "tokens": state.tokens}
                 )
+        if method == "GET" and path == "/metrics":
+            if cfg.metrics == "down":
+                return self.send_json(503, {"error": {"message": "metrics down"}})
+            with state.lock:
+                kv = min(1.0, state.running / 8)
+                m = cfg.model
+                text = (
+                    "# TYPE vllm:num_requests_running gauge\n"
+                    f'vllm:num_requests_running{{engine="0",model_name="{m}"}} {state.running}\n'
+                    "# TYPE vllm:num_requests_waiting gauge\n"
+                    f'vllm:num_requests_waiting{{engine="0",model_name="{m}"}} 0\n'
+                    "# TYPE vllm:kv_cache_usage_perc gauge\n"
+                    f'vllm:kv_cache_usage_perc{{engine="0",model_name="{m}"}} {kv}\n'
+                    "# TYPE vllm:num_preemptions counter\n"
+                    f'vllm:num_preemptions_total{{engine="0",model_name="{m}"}} 0\n'
+                    "# TYPE vllm:request_success counter\n"
+                    f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{m}"}} {state.ok}\n'
+                    "# TYPE vllm:generation_tokens counter\n"
+                    f'vllm:generation_tokens_total{{engine="0",model_name="{m}"}} {state.tokens}\n'
+                ).encode()
+            self.wfile.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\n"
+                b"content-length: %d\r\n\r\n" % len(text) + text
+            )
+            return True
         if method == "GET" and path == "/truth":
             with state.lock:
                 return self.send_json(200, state.truth)
@@ -136,6 +163,16 @@ class Handler(socketserver.StreamRequestHandler):
         return self.send_json(404, {"error": {"message": f"no route {method} {path}", "code": 404}})
 
     def stream(self, path: str, headers: dict, req: dict, t_recv: float) -> bool:
+        state: State = self.server.state
+        with state.lock:
+            state.running += 1
+        try:
+            return self._stream(path, headers, req, t_recv)
+        finally:
+            with state.lock:
+                state.running -= 1
+
+    def _stream(self, path: str, headers: dict, req: dict, t_recv: float) -> bool:
         cfg: Config = self.server.config
         state: State = self.server.state
         _, fault = state.next_request(cfg.faults)
@@ -319,6 +356,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--faults", default="", help="kind=every,... e.g. http_500=11,truncate=17")
     p.add_argument("--stall-s", type=float, default=5.0)
     p.add_argument("--model", default="fake-model")
+    p.add_argument("--metrics", default="up", choices=["up", "down"])
     a = p.parse_args(argv)
     cfg = Config(
         a.ttft_ms / 1000,
@@ -329,6 +367,7 @@ def main(argv: list[str] | None = None) -> None:
         parse_faults(a.faults),
         a.stall_s,
         a.model,
+        a.metrics,
     )
     sys.setswitchinterval(0.0002)  # hand the GIL over fast: a waking handler thread must not wait 5 ms
     server = Server((a.host, a.port), cfg)

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from analysis.run import STEPS_FILE
+from analysis.server_metrics import SERVER_COLUMNS
 from analysis.steps import STEP_COLUMNS
 from tests.conftest import ROOT
 
@@ -50,7 +51,12 @@ def test_stepped_headless_run_writes_records_and_the_step_table(fake_server, tmp
 
     records = pd.read_parquet(run_dir / "requests.parquet")
     steps = pd.read_csv(run_dir / STEPS_FILE)
-    assert list(steps.columns) == STEP_COLUMNS
+    assert list(steps.columns) == STEP_COLUMNS + SERVER_COLUMNS
+    # The fake server's /metrics was scraped: its counters match the client's records exactly.
+    metrics = pd.read_parquet(run_dir / "metrics.parquet")
+    last = metrics[metrics["metric"] == "vllm:generation_tokens_total"]["value"].iloc[-1]
+    assert last == records.query("status == 'ok'")["output_tokens"].sum()
+    assert (steps["kv_cache_usage_max"] > 0).all()
     assert list(steps["users"]) == [1, 2, 4] and list(steps["step"]) == [0, 1, 2]
     assert (steps["requests"] > 0).all() and (steps["errors"] == 0).all()
     # Aggregate throughput grows with users against a server that does not saturate.
