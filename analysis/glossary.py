@@ -55,6 +55,32 @@ _METRICS = [
     ),
 ]
 
+# Server-side series, scraped from vLLM's /metrics during the run and summarized per step.
+_METRICS += [
+    Metric(
+        "kv_cache_usage",
+        "fraction",
+        "Share of the KV cache in use (vllm:kv_cache_usage_perc, vllm:gpu_cache_usage_perc before the V1 engine), "
+        "0 to 1; per step, its mean and max over the measured window.",
+    ),
+    Metric(
+        "running",
+        "requests",
+        "Requests in vLLM's running batch (vllm:num_requests_running); per step, mean and max.",
+    ),
+    Metric(
+        "waiting",
+        "requests",
+        "Requests queued for admission to the batch (vllm:num_requests_waiting); per step, mean and max.",
+    ),
+    Metric(
+        "preemptions",
+        "requests",
+        "Increase of vllm:num_preemptions_total over a step's measured window: running requests evicted to free "
+        "KV cache, whose work is redone later.",
+    ),
+]
+
 GLOSSARY: dict[str, Metric] = {m.name: m for m in _METRICS}
 
 

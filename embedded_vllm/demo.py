@@ -31,6 +31,8 @@ def run_demo(settings: ServerSettings, a) -> int:
         ]  # fmt: skip
         print("$ " + " ".join(cmd), flush=True)
         code = subprocess.call(cmd, cwd=REPO)
+    if code == 1:
+        code = 0  # Locust's "some requests failed": the table shows them; the demo itself worked
     print(
         f"\nDemo results in {run_dir}: steps.csv (the table above), requests.parquet (one row per request), "
         "metrics.parquet (vLLM's /metrics every second), server.json (the server and model)"

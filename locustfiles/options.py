@@ -73,6 +73,14 @@ def add_arguments(parser) -> None:
         help="Do not ask for stream_options.continuous_usage_stats (for servers that reject it)",
     )
     parser.add_argument(
+        "--keep-alive",
+        action="store_true",
+        default=False,
+        env_var="LOCUST_KEEP_ALIVE",
+        help="Reuse each user's connection between requests. Off by default: uvicorn (vLLM's HTTP server) can drop "
+        "a request that arrives right after the previous response on the same connection",
+    )
+    parser.add_argument(
         "--steps", default=DEFAULT_STEPS, env_var="LOCUST_STEPS", help="Comma-separated user counts, one load step each"
     )
     parser.add_argument(

@@ -52,10 +52,13 @@ SAVED_OPTIONS = [
     "read_timeout",
     "api_key_env",
     "no_continuous_usage",
+    "keep_alive",
     "steps",
     "step_duration",
     "step_warmup",
     "run_dir",
+    "metrics_url",
+    "scrape_interval",
     "num_users",
     "spawn_rate",
     "run_time",
@@ -248,17 +251,21 @@ def register(environment) -> RunContext:
     return ctx
 
 
-def _treat_sigterm_as_ctrl_c() -> None:
-    """In a headless run with a load shape, Locust blocks on the shape before installing its SIGTERM handler,
-    so SIGTERM killed the process without writing anything. Raise KeyboardInterrupt in the main greenlet
-    instead: Locust's Ctrl-C path stops the users and fires test_stop, which writes the results.
-    (Locust's own handler replaces this one where it does get installed.)"""
+def _deliver_signals_to_the_main_greenlet() -> None:
+    """Ctrl-C and SIGTERM become a KeyboardInterrupt in the main greenlet, where Locust handles it by stopping
+    the users and firing test_stop (which writes the results).
+
+    Python's own SIGINT handler raises KeyboardInterrupt in whatever greenlet is running: seen here killing a
+    user in the middle of writing its record, so a completed request was lost. And in a headless run with a
+    load shape, Locust waits on the shape before installing its SIGTERM handler, so SIGTERM killed the process
+    without writing anything. (Locust's own SIGTERM handler replaces this one where it does get installed.)"""
     main = greenlet.getcurrent()
 
     def handler() -> None:
-        logger.warning("Got SIGTERM: stopping the run and writing the results")
+        logger.warning("Interrupted: stopping the run and writing the results")
         main.throw(KeyboardInterrupt)
 
+    gevent.signal_handler(signal.SIGINT, handler)
     gevent.signal_handler(signal.SIGTERM, handler)
 
 
@@ -280,8 +287,9 @@ def apply_users_shortcut(options) -> str | None:
 
 def _on_init(environment, **_kw) -> None:
     options = environment.parsed_options
+    if options is not None and not isinstance(environment.runner, WorkerRunner):
+        _deliver_signals_to_the_main_greenlet()
     if options is not None and options.headless and not isinstance(environment.runner, WorkerRunner):
-        _treat_sigterm_as_ctrl_c()
         message = apply_users_shortcut(options)
         if message:
             logger.info(message)

@@ -59,6 +59,7 @@ class State:
         self.tokens = 0
         self.truth: dict[str, dict] = {}
         self.running = 0
+        self.received: list[str] = []  # X-Request-Id of every completion request, in arrival order
 
     def next_request(self, faults: list[tuple[str, int]]) -> tuple[int, str | None]:
         with self.lock:
@@ -155,6 +156,9 @@ class Handler(socketserver.StreamRequestHandler):
                 b"content-length: %d\r\n\r\n" % len(text) + text
             )
             return True
+        if method == "GET" and path == "/received":
+            with state.lock:
+                return self.send_json(200, {"request_ids": list(state.received)})
         if method == "GET" and path == "/truth":
             with state.lock:
                 return self.send_json(200, state.truth)
@@ -177,6 +181,8 @@ class Handler(socketserver.StreamRequestHandler):
         state: State = self.server.state
         _, fault = state.next_request(cfg.faults)
         request_id = headers.get("x-request-id", "")
+        with state.lock:
+            state.received.append(request_id)
         wall_recv = self.wall_recv
         if fault and fault.startswith("http_"):
             code = int(fault[5:])

@@ -58,6 +58,11 @@ def compose_client() -> list[str] | None:
 @pytest.mark.skipif(compose_client() is None, reason="no Compose client (docker compose plugin or docker-compose)")
 def test_compose_config_validates():
     for profile in ("gpu", "cpu"):
-        proc = subprocess.run([*compose_client(), "config", "-q"], cwd=ROOT, capture_output=True, text=True,
-                              env={"PATH": "/usr/bin:/bin:/usr/local/bin", "COMPOSE_PROFILES": profile})
+        proc = subprocess.run(
+            [*compose_client(), "config", "-q"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={"PATH": "/usr/bin:/bin:/usr/local/bin", "COMPOSE_PROFILES": profile},
+        )
         assert proc.returncode == 0, proc.stderr
