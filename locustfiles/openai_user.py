@@ -134,23 +134,25 @@ class OpenAIStreamingUser(User):
 
     def stream_completion(self) -> RequestRecord:
         """Send one streaming request, stamp every line, then parse, record and report it."""
-        request_id = uuid.uuid4().hex
         step, users, warmup = self.run.tracker.current()
-        headers = {**self.headers, "X-Request-Id": request_id}
+        record = RequestRecord(
+            request_id=uuid.uuid4().hex, worker=self.run.worker_name, step=step, users=users, warmup=warmup,
+            start_time=0.0, endpoint=self.endpoint, model=self.model,
+        )  # fmt: skip
+        headers = {**self.headers, "X-Request-Id": record.request_id}
         parser = StreamParser()
         clock = time.perf_counter
-        http_status = None
         failure: LLMRequestError | None = None
         content_type = ""
         nbytes = 0
-        start_time = time.time()
+        record.start_time = time.time()
         t0 = clock()
         try:
             response = self.http.request("POST", self.path, body=self.body, headers=headers)
-            http_status = response.status_code
-            if http_status != 200:
+            record.http_status = response.status_code
+            if record.http_status != 200:
                 body = response.read(MAX_ERROR_BODY)
-                failure = LLMRequestError(f"http_{http_status}", error_message_from_body(body))
+                failure = LLMRequestError(f"http_{record.http_status}", error_message_from_body(body))
             else:
                 content_type = str(response.get("content-type") or "")
                 readline = response.readline
@@ -166,86 +168,45 @@ class OpenAIStreamingUser(User):
                     feed(t - t0, line)
                     nbytes += len(line)
         except GreenletExit:
-            self._finish(
-                request_id,
-                step,
-                users,
-                warmup,
-                start_time,
-                clock() - t0,
-                parser.result,
-                http_status,
-                LLMRequestError(CUT_OFF, "the load generator stopped this user mid-request"),
-                content_type,
-                report=False,
-            )
+            cut = LLMRequestError(CUT_OFF, "the load generator stopped this user mid-request")
+            self._finish(record, clock() - t0, parser.result, cut, content_type, nbytes, report=False)
             raise
-        except TimeoutError as e:
-            failure = LLMRequestError(
-                TIMEOUT, f"no data for {self.environment.parsed_options.read_timeout:g} s ({e or 'timed out'})"
-            )
+        except TimeoutError as e:  # socket.timeout is TimeoutError since Python 3.10
+            timeout = self.environment.parsed_options.read_timeout
+            failure = LLMRequestError(TIMEOUT, f"no data for {timeout:g} s ({e or 'timed out'})")
         except (OSError, HTTPParseError) as e:
             failure = LLMRequestError(CONNECTION_ERROR, f"{type(e).__name__}: {e}")
-        duration = clock() - t0
-        return self._finish(
-            request_id,
-            step,
-            users,
-            warmup,
-            start_time,
-            duration,
-            parser.result,
-            http_status,
-            failure,
-            content_type,
-            nbytes=nbytes,
-        )
+        return self._finish(record, clock() - t0, parser.result, failure, content_type, nbytes)
 
     def _finish(
         self,
-        request_id,
-        step,
-        users,
-        warmup,
-        start_time,
-        duration,
+        record: RequestRecord,
+        duration: float,
         parsed: ParsedStream,
-        http_status,
-        failure,
-        content_type,
-        nbytes=0,
-        report=True,
+        failure: LLMRequestError | None,
+        content_type: str,
+        nbytes: int,
+        report: bool = True,
     ) -> RequestRecord:
+        """Fill the record's measurements from the parsed stream, hand it to listeners, report it to Locust."""
         if failure is None:
             failure = _stream_outcome(parsed, content_type)
         ttft = glossary.ttft_s(parsed.token_offsets_s)
         e2e = glossary.e2e_s(parsed.token_offsets_s)
         output_tokens = parsed.output_tokens if parsed.token_offsets_s or parsed.usage_completion_tokens else None
-        record = RequestRecord(
-            request_id=request_id,
-            worker=self.run.worker_name,
-            step=step,
-            users=users,
-            warmup=warmup,
-            start_time=start_time,
-            endpoint=self.endpoint,
-            model=self.model,
-            status="ok" if failure is None else "error",
-            error_type=None if failure is None else failure.category,
-            error=None if failure is None else failure.message,
-            http_status=http_status,
-            ttft_s=ttft,
-            e2e_s=e2e,
-            tpot_s=glossary.tpot_s(e2e, ttft, output_tokens),
-            duration_s=duration,
-            output_tokens=output_tokens,
-            output_tokens_estimated=None if output_tokens is None else parsed.output_tokens_estimated,
-            prompt_tokens=parsed.prompt_tokens,
-            chunks=len(parsed.token_offsets_s),
-            finish_reason=parsed.finish_reason,
-            chunk_offsets_s=parsed.token_offsets_s,
-            chunk_tokens=parsed.chunk_tokens,
-        )
+        record.status = "ok" if failure is None else "error"
+        record.error_type = None if failure is None else failure.category
+        record.error = None if failure is None else failure.message
+        record.ttft_s, record.e2e_s = ttft, e2e
+        record.tpot_s = glossary.tpot_s(e2e, ttft, output_tokens)
+        record.duration_s = duration
+        record.output_tokens = output_tokens
+        record.output_tokens_estimated = None if output_tokens is None else parsed.output_tokens_estimated
+        record.prompt_tokens = parsed.prompt_tokens
+        record.chunks = len(parsed.token_offsets_s)
+        record.finish_reason = parsed.finish_reason
+        record.chunk_offsets_s = parsed.token_offsets_s
+        record.chunk_tokens = parsed.chunk_tokens
         self.environment.events.llm_request.fire(record=record)
         if report:
             self.environment.events.request.fire(
@@ -254,7 +215,7 @@ class OpenAIStreamingUser(User):
                 response_time=((e2e if failure is None else duration) or 0.0) * 1000.0,
                 response_length=nbytes,
                 response=None,
-                context={"request_id": request_id},
+                context={"request_id": record.request_id},
                 exception=failure,
             )
         return record
