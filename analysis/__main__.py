@@ -1,4 +1,8 @@
-"""`python -m analysis steps RUN_DIR`: rebuild requests.parquet and steps.csv from a run's raw records."""
+"""Rebuild a run's outputs from the files in its run directory.
+
+python -m analysis steps RUN_DIR                         # requests.parquet, metrics.parquet, steps.csv
+python -m analysis report RUN_DIR [--compare RUN_DIR ...]  # the above, then summary.json and report.html
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     steps = sub.add_parser("steps", help="merge the raw records and print/write the per-step table")
     steps.add_argument("run_dir", type=Path)
+    report = sub.add_parser("report", help="rebuild the tables, then write summary.json and report.html")
+    report.add_argument("run_dir", type=Path)
+    report.add_argument("--compare", type=Path, nargs="*", default=[], help="other run directories to overlay")
     args = parser.parse_args(argv)
 
     if not (args.run_dir / RECORDS_DIR).is_dir():
@@ -25,9 +32,17 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    for other in getattr(args, "compare", []):
+        if not (other / STEPS_FILE).exists():
+            print(f"error: {other} has no {STEPS_FILE}; run `python -m analysis steps {other}` first", file=sys.stderr)
+            return 2
     table = finalize(args.run_dir)
     print(format_table(table))
     print(f"\nwrote {args.run_dir / 'requests.parquet'} and {args.run_dir / STEPS_FILE}")
+    if args.command == "report":
+        from analysis.report import write_report
+
+        print(f"wrote {write_report(args.run_dir, args.compare)}")
     return 0
 
 

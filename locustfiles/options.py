@@ -109,6 +109,13 @@ def add_arguments(parser) -> None:
         help="Seconds between two scrapes of --metrics-url",
     )
     parser.add_argument(
+        "--no-report",
+        action="store_true",
+        default=False,
+        env_var="LOCUST_NO_REPORT",
+        help="Do not write summary.json and report.html at the end of the run",
+    )
+    parser.add_argument(
         "--run-dir",
         default="",
         env_var="LOCUST_RUN_DIR",

@@ -57,6 +57,7 @@ SAVED_OPTIONS = [
     "step_duration",
     "step_warmup",
     "run_dir",
+    "no_report",
     "metrics_url",
     "scrape_interval",
     "num_users",
@@ -184,6 +185,10 @@ class RunContext:
             self.last_table = table
             print("\n" + format_table(table), flush=True)
             print(f"\nResults: {self.run_dir / 'requests.parquet'}, {self.run_dir / STEPS_FILE}", flush=True)
+            if not getattr(environment.parsed_options, "no_report", False):
+                from analysis.report import write_report  # plotly is only imported when a report is written
+
+                print(f"Report: {write_report(self.run_dir)}", flush=True)
             self.tracker.reset()
             self.run_dir = None  # finalize once per run, even if Locust fires test_stop twice
 

@@ -1,0 +1,94 @@
+"""Where the batching curve flattens (the knee) and which resource binds there. Pure: works on the step table."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+
+KNEE_GAIN = 0.10  # a doubling of users that adds less aggregate tok/s than this is past the knee
+KV_FULL = 0.90  # KV-cache usage at or above this counts as full
+
+KV_CACHE = "KV cache"
+COMPUTE = "compute"
+BATCH_SLOTS = "batch slots (max_num_seqs)"
+UNKNOWN = "unknown (no server metrics)"
+
+
+@dataclass
+class Diagnosis:
+    knee_step: int | None = None
+    knee_users: int | None = None
+    binding: dict[int, str] = field(default_factory=dict)  # step -> resource, for the steps at and after the knee
+    text: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["binding"] = {str(k): v for k, v in self.binding.items()}
+        return d
+
+
+def gain_per_doubling(tok_s_before: float, tok_s_after: float, users_before: int, users_after: int) -> float:
+    """Gain per doubling = (after / before) ** (1 / log2(users_after / users_before)) - 1."""
+    if not (tok_s_before > 0) or not (tok_s_after >= 0) or users_after <= users_before:
+        return math.nan
+    return (tok_s_after / tok_s_before) ** (1 / math.log2(users_after / users_before)) - 1
+
+
+def binding_resource(row: pd.Series) -> str:
+    """KV cache when it is (nearly) full or preempts; batch slots when requests wait with KV cache to spare;
+    else compute."""
+    kv, waiting, preempt = row.get("kv_cache_usage_max"), row.get("waiting_max"), row.get("preemptions")
+    if kv is None or pd.isna(kv):
+        return UNKNOWN
+    if kv >= KV_FULL or (not pd.isna(preempt) and preempt > 0):
+        return KV_CACHE
+    if not pd.isna(waiting) and waiting > 0:
+        return BATCH_SLOTS
+    return COMPUTE
+
+
+def diagnose(table: pd.DataFrame) -> Diagnosis:
+    """The knee: the first step after which doubling users adds under 10 % aggregate tok/s."""
+    d = Diagnosis()
+    rows = table.sort_values("users").reset_index(drop=True)
+    for i in range(len(rows) - 1):
+        a, b = rows.iloc[i], rows.iloc[i + 1]
+        gain = gain_per_doubling(a["aggregate_tok_s"], b["aggregate_tok_s"], a["users"], b["users"])
+        if not pd.isna(gain) and gain < KNEE_GAIN:
+            d.knee_step, d.knee_users = int(a["step"]), int(a["users"])
+            d.text.append(
+                f"Aggregate throughput flattens at {d.knee_users} users: going to {int(b['users'])} users changed it "
+                f"from {a['aggregate_tok_s']:.0f} to {b['aggregate_tok_s']:.0f} tok/s ({gain * 100:+.0f} % per "
+                "doubling of users)."
+            )
+            break
+    if d.knee_step is None:
+        if len(rows) >= 2:
+            d.text.append(
+                "No knee: every doubling of users added at least 10 % aggregate tok/s; the server still "
+                "had room at the highest step."
+            )
+        return d
+    for _, row in rows[rows["users"] >= d.knee_users].iterrows():
+        resource = binding_resource(row)
+        d.binding[int(row["step"])] = resource
+        if resource == KV_CACHE:
+            d.text.append(
+                f"At {int(row['users'])} users the KV cache binds: usage peaked at {row['kv_cache_usage_max']:.0%}, "
+                f"up to {row['waiting_max']:.0f} requests waited and {row['preemptions']:.0f} were preempted."
+            )
+        elif resource == BATCH_SLOTS:
+            d.text.append(
+                f"At {int(row['users'])} users requests wait (up to {row['waiting_max']:.0f}) while the KV cache "
+                f"has room (peak {row['kv_cache_usage_max']:.0%}): the batch-size limit binds."
+            )
+        elif resource == COMPUTE:
+            d.text.append(
+                f"At {int(row['users'])} users compute binds: throughput is flat while the KV cache has room "
+                f"(peak {row['kv_cache_usage_max']:.0%}) and nothing waits."
+            )
+        else:
+            d.text.append(f"At {int(row['users'])} users the binding resource is unknown: no server metrics.")
+    return d
