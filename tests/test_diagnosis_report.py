@@ -28,7 +28,7 @@ def test_gain_per_doubling():
 def test_knee_and_kv_cache_binding():
     d = diagnose(
         table(
-            [100, 200, 390, 420, 430], kv=[0.1, 0.2, 0.5, 1.0, 1.0], waiting=[0, 0, 0, 5, 40], preempt=[0, 0, 0, 3, 90]
+            [100, 200, 390, 700, 720], kv=[0.1, 0.2, 0.5, 1.0, 1.0], waiting=[0, 0, 0, 5, 40], preempt=[0, 0, 0, 3, 90]
         )
     )
     assert (d.knee_step, d.knee_users) == (3, 8)
