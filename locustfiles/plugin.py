@@ -29,6 +29,7 @@ from geventhttpclient.url import URL
 from locust.event import EventHook
 from locust.runners import MasterRunner, WorkerRunner
 
+from analysis.diagnosis import diagnose
 from analysis.records import RECORDS_DIR, RecordWriter, RequestRecord
 from analysis.run import STEPS_FILE, finalize, write_run
 from analysis.steps import format_table
@@ -184,6 +185,7 @@ class RunContext:
             table = finalize(self.run_dir)
             self.last_table = table
             print("\n" + format_table(table), flush=True)
+            print("\n".join(["", "Diagnosis:", *(f"- {line}" for line in diagnose(table).text)]), flush=True)
             print(f"\nResults: {self.run_dir / 'requests.parquet'}, {self.run_dir / STEPS_FILE}", flush=True)
             if not getattr(environment.parsed_options, "no_report", False):
                 from analysis.report import write_report  # plotly is only imported when a report is written
