@@ -21,6 +21,7 @@ from analysis.glossary import GLOSSARY
 from analysis.records import load_records
 from analysis.run import STEPS_FILE, read_run
 from analysis.server_metrics import KV_CACHE, RUNNING, WAITING, load_metrics
+from analysis.sse import CUT_OFF
 
 REPORT_FILE = "report.html"
 SUMMARY_FILE = "summary.json"
@@ -43,7 +44,8 @@ def _git_revision() -> str | None:
 def summary(run_dir: Path, table: pd.DataFrame, records: pd.DataFrame) -> dict:
     """summary.json: the run's totals, its step table and its diagnosis, machine-readable."""
     run = read_run(run_dir)
-    errors = records[(records["status"] != "ok")]["error_type"].value_counts().to_dict()
+    cut = records["error_type"] == CUT_OFF
+    errors = records[(records["status"] != "ok") & ~cut]["error_type"].value_counts().to_dict()
     ok = records[records["status"] == "ok"]
     steps = json.loads(table.to_json(orient="records"))  # NaN -> null: missing stays missing
     return {
@@ -55,6 +57,7 @@ def summary(run_dir: Path, table: pd.DataFrame, records: pd.DataFrame) -> dict:
         "requests": len(records),
         "ok": len(ok),
         "errors": {str(k): int(v) for k, v in errors.items()},
+        "cut_off": int(cut.sum()),
         "output_tokens": int(ok["output_tokens"].sum()) if len(ok) else 0,
         "steps": steps,
         "diagnosis": diagnose(table).to_dict(),
@@ -222,7 +225,9 @@ def build_report(run_dir: Path, compare: list[Path] | None = None) -> str:
         "options": json.dumps(run.get("options", {}), sort_keys=True),
         "server": json.dumps(server.get("settings", {}), sort_keys=True) if server else None,
     }
-    errors = records[records["status"] != "ok"].groupby(["error_type", "error"], dropna=False).size()
+    cut_off = int((records["error_type"] == CUT_OFF).sum())
+    failed = records[(records["status"] != "ok") & (records["error_type"] != CUT_OFF)]
+    errors = failed.groupby(["error_type", "error"], dropna=False).size()
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>vllm-loadtest report</title>",
         f"<script type='text/javascript'>{get_plotlyjs()}</script>",
@@ -240,6 +245,11 @@ def build_report(run_dir: Path, compare: list[Path] | None = None) -> str:
                 f"<li>{int(n)} × {html.escape(str(k[0]))}: {html.escape(str(k[1]))}</li>" for k, n in errors.items()
             )
             + "</ul>"
+        )
+    if cut_off:
+        parts.append(
+            f"<p>{cut_off} request(s) were still running when the load generator stopped: recorded as cut_off, "
+            "neither counted as errors nor measured.</p>"
         )
     parts.append(
         "<h2>Run</h2><table>"
