@@ -35,8 +35,13 @@ def test_fault_matrix_is_counted_categorized_and_recorded(fake_server, tmp_path)
     stats = server.get("/stats")
     records = load_records(tmp_path)
 
-    # Every request the server saw has exactly one record.
-    assert len(records) == stats["requests"] and records["request_id"].is_unique
+    # Every request the server saw has exactly one record; a record the server never saw can only be a request
+    # that failed to reach it (a connection error or a timeout before the server read it).
+    received = set(server.get("/received")["request_ids"])
+    assert len(received) == stats["requests"] and records["request_id"].is_unique
+    assert received <= set(records["request_id"])
+    unseen = records[~records["request_id"].isin(received)]
+    assert unseen["error_type"].isin(["connection_error", "timeout", "cut_off"]).all(), unseen[["error_type", "error"]]
     cut = records["error_type"] == "cut_off"
     assert cut.sum() <= 6  # at most one in flight per user when the run stopped
     counts = records[~cut].groupby("error_type").size().to_dict()
