@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: venv demo test test-fast lint bench clean
+.PHONY: venv browser demo test test-fast lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -11,6 +11,19 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 venv: $(VENV)/.installed
+
+# Debian's chromium for the browser tests (tests/browser.py drives it with Playwright, whose own browsers are never
+# downloaded). A no-op when it is installed; apt-get update only if the install fails (no package lists yet).
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
+
+browser:
+	@test -x $(CHROMIUM) || { \
+		echo "$(CHROMIUM) is missing: installing Debian's chromium"; \
+		$(APT_INSTALL) || { $(SUDO) apt-get update && $(APT_INSTALL); }; \
+	}
+	@test -x $(CHROMIUM) || { echo "$(CHROMIUM) still missing after installing chromium" >&2; exit 1; }
 
 # The demo: a real vLLM (CPU build, tiny generated model, small KV cache), a stepped load from 1 to 64 users,
 # the batching-curve table. First run installs vLLM's CPU build (~3 min); then ~6 min.
@@ -21,10 +34,10 @@ lint: venv
 	$(VENV)/bin/ruff check .
 
 # Everything, including the integration tests against the embedded real vLLM (installed on first use).
-test: venv lint
+test: venv lint browser
 	$(PY) -m pytest
 
-test-fast: venv lint
+test-fast: venv lint browser
 	$(PY) -m pytest -m "not vllm"
 
 bench: venv
