@@ -2,6 +2,7 @@
 
 python -m analysis steps RUN_DIR                         # requests.parquet, metrics.parquet, steps.csv
 python -m analysis report RUN_DIR [--compare RUN_DIR ...]  # the above, then summary.json and report.html
+python -m analysis glossary                                # the metric glossary as a Markdown table
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ def main(argv: list[str] | None = None) -> int:
     report = sub.add_parser("report", help="rebuild the tables, then write summary.json and report.html")
     report.add_argument("run_dir", type=Path)
     report.add_argument("--compare", type=Path, nargs="*", default=[], help="other run directories to overlay")
+    sub.add_parser("glossary", help="print the metric glossary as a Markdown table (the README's)")
     args = parser.parse_args(argv)
+    if args.command == "glossary":
+        from analysis.glossary import markdown_table
+
+        print(markdown_table())
+        return 0
 
     if not (args.run_dir / RECORDS_DIR).is_dir():
         print(

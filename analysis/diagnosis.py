@@ -36,6 +36,10 @@ def gain_per_doubling(tok_s_before: float, tok_s_after: float, users_before: int
     return (tok_s_after / tok_s_before) ** (1 / math.log2(users_after / users_before)) - 1
 
 
+def _count(v: float | None) -> str:
+    return "an unknown number of" if v is None or pd.isna(v) else f"{v:.0f}"
+
+
 def binding_resource(row: pd.Series) -> str:
     """KV cache when it is (nearly) full or preempts; batch slots when requests wait with KV cache to spare;
     else compute."""
@@ -77,11 +81,12 @@ def diagnose(table: pd.DataFrame) -> Diagnosis:
         if resource == KV_CACHE:
             d.text.append(
                 f"At {int(row['users'])} users the KV cache binds: usage peaked at {row['kv_cache_usage_max']:.0%}, "
-                f"up to {row['waiting_max']:.0f} requests waited and {row['preemptions']:.0f} were preempted."
+                f"up to {_count(row.get('waiting_max'))} requests waited and {_count(row.get('preemptions'))} were "
+                "preempted."
             )
         elif resource == BATCH_SLOTS:
             d.text.append(
-                f"At {int(row['users'])} users requests wait (up to {row['waiting_max']:.0f}) while the KV cache "
+                f"At {int(row['users'])} users requests wait (up to {_count(row['waiting_max'])}) while the KV cache "
                 f"has room (peak {row['kv_cache_usage_max']:.0%}): the batch-size limit binds."
             )
         elif resource == COMPUTE:

@@ -79,9 +79,48 @@ _METRICS += [
         "Increase of vllm:num_preemptions_total over a step's measured window: running requests evicted to free "
         "KV cache, whose work is redone later.",
     ),
+    Metric(
+        "waiting_capacity",
+        "requests",
+        "Requests waiting for scheduling capacity (vllm:num_requests_waiting_by_reason{reason=capacity}); "
+        "waiting_deferred: deferred by transient constraints (reason=deferred); per step, the max.",
+    ),
+    Metric(
+        "prefix_cache_hit_rate",
+        "fraction",
+        "Increase of vllm:prefix_cache_hits_total / increase of vllm:prefix_cache_queries_total over a step's "
+        "window (prompt tokens found in the prefix cache / prompt tokens looked up); none when nothing was queried.",
+    ),
+    Metric(
+        "server_ttft",
+        "s",
+        "vLLM's own TTFT (vllm:time_to_first_token_seconds) for the requests it observed in a step's window: mean = "
+        "increase of _sum / increase of _count; p50 and p99 interpolated inside the histogram's buckets (as "
+        "Prometheus' histogram_quantile), so only as fine as its bucket bounds.",
+    ),
+    Metric(
+        "server_queue_time",
+        "s",
+        "Time requests spent waiting in vLLM's queue before their first scheduling (vllm:request_queue_time_seconds); "
+        "mean, p50 and p99 per step as for server_ttft.",
+    ),
+    Metric(
+        "ttft_gap_mean",
+        "s",
+        "Client-minus-server TTFT over the same requests: the mean ttft_s of the ok requests whose first token "
+        "arrived between the two scrapes that bound a step's server_ttft, minus server_ttft's mean; the time "
+        "outside vLLM's engine clock (HTTP, request processing, detokenization, streaming, network, client).",
+    ),
 ]
 
 GLOSSARY: dict[str, Metric] = {m.name: m for m in _METRICS}
+
+
+def markdown_table() -> str:
+    """The glossary as the README's Markdown table (`python -m analysis glossary`)."""
+    rows = ["| name | unit | definition |", "|---|---|---|"]
+    rows += [f"| `{m.name}` | {m.unit} | {m.definition} |" for m in GLOSSARY.values()]
+    return "\n".join(rows)
 
 
 def ttft_s(token_offsets_s: Sequence[float]) -> float | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 import json
 import subprocess
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +17,12 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
+from analysis import __version__ as SUITE_VERSION
 from analysis.diagnosis import diagnose
 from analysis.glossary import GLOSSARY
 from analysis.records import load_records
 from analysis.run import STEPS_FILE, read_run
-from analysis.server_metrics import KV_CACHE, RUNNING, WAITING, load_metrics
+from analysis.server_metrics import KV_CACHE, RUNNING, WAITING, ServerSeries, load_metrics, server_info
 from analysis.sse import CUT_OFF
 
 REPORT_FILE = "report.html"
@@ -39,6 +41,12 @@ def _git_revision() -> str | None:
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def _utc(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return datetime.fromtimestamp(float(t), tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def summary(run_dir: Path, table: pd.DataFrame, records: pd.DataFrame) -> dict:
@@ -61,6 +69,8 @@ def summary(run_dir: Path, table: pd.DataFrame, records: pd.DataFrame) -> dict:
         "output_tokens": int(ok["output_tokens"].sum()) if len(ok) else 0,
         "steps": steps,
         "diagnosis": diagnose(table).to_dict(),
+        "server_version": run.get("server_version"),
+        "suite_version": run.get("suite_version") or SUITE_VERSION,
         "suite_revision": _git_revision(),
     }
 
@@ -104,9 +114,27 @@ def _latencies(tables: dict[str, pd.DataFrame]) -> go.Figure:
                     row=1,
                     col=col,
                 )
+        if "server_ttft_mean_s" in t.columns and t["server_ttft_mean_s"].notna().any():
+            fig.add_trace(
+                go.Scatter(
+                    x=t["users"],
+                    y=t["server_ttft_mean_s"] * 1000,
+                    mode="lines+markers",
+                    line={"dash": "dash"},
+                    name=f"{name} vLLM's own TTFT mean",
+                ),
+                row=1,
+                col=1,
+            )
     fig.update_xaxes(type="log", title="users", dtick=np.log10(2))
+    fig.update_yaxes(rangemode="tozero")
     fig.update_layout(title="Latency percentiles against users", height=420)
     return fig
+
+
+def _single_model(records: pd.DataFrame) -> str | None:
+    models = records["model"].dropna().unique()
+    return str(models[0]) if len(models) == 1 else None
 
 
 def _timeline(records: pd.DataFrame, metrics: pd.DataFrame | None, timeline: list[dict]) -> go.Figure:
@@ -146,12 +174,13 @@ def _timeline(records: pd.DataFrame, metrics: pd.DataFrame | None, timeline: lis
             col=1,
         )
     if metrics is not None and len(metrics):
+        server = ServerSeries(metrics, _single_model(records))
         for metric, label, secondary in (
             (KV_CACHE, "KV-cache usage", False),
             (RUNNING, "running", True),
             (WAITING, "waiting", True),
         ):
-            s = metrics[metrics["metric"] == metric].groupby("timestamp")["value"].sum()
+            s = server.gauge(metric)
             fig.add_trace(
                 go.Scatter(x=s.index - t0, y=s.values, name=label, mode="lines"), row=3, col=1, secondary_y=secondary
             )
@@ -159,6 +188,7 @@ def _timeline(records: pd.DataFrame, metrics: pd.DataFrame | None, timeline: lis
         fig.add_vline(x=step["start_time"] - t0, line={"dash": "dot", "color": "grey"})
     fig.update_xaxes(title_text="seconds since the run started", row=3, col=1)
     fig.update_yaxes(title_text="TTFT (ms)", row=2, col=1)
+    fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(title_text="KV-cache usage", range=[0, 1.05], row=3, col=1, secondary_y=False)
     fig.update_layout(title="Timeline", height=800)
     return fig
@@ -193,7 +223,11 @@ def _table_html(table: pd.DataFrame) -> str:
             f"<td>{'' if pd.isna(v) else html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}</td>" for v in r
         )
         rows.append(f"<tr>{cells}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    # ~40 columns: the table scrolls inside its own box instead of widening the page past the charts.
+    return (
+        f"<div style='overflow-x:auto'><table><thead><tr>{head}</tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
+    )
 
 
 def build_report(run_dir: Path, compare: list[Path] | None = None) -> str:
@@ -215,15 +249,20 @@ def build_report(run_dir: Path, compare: list[Path] | None = None) -> str:
     server = {}
     if (run_dir / "server.json").exists():
         server = json.loads((run_dir / "server.json").read_text())
+    cache_config = server_info(metrics)
     meta = {
         "run directory": str(run_dir),
-        "started": run.get("started_at"),
-        "finished": run.get("finished_at"),
+        "started": _utc(run.get("started_at")),
+        "finished": _utc(run.get("finished_at")),
+        "server": (run.get("options") or {}).get("host"),
         "models": ", ".join(sorted(records["model"].dropna().unique())),
+        "vLLM version": run.get("server_version") or "not exposed by the server",
+        "server KV cache": ", ".join(f"{k}={v}" for k, v in sorted(cache_config.items())) or None,
+        "embedded server settings": json.dumps(server.get("settings", {}), sort_keys=True) if server else None,
+        "arguments": json.dumps(run.get("options", {}), sort_keys=True),
         "Locust": run.get("locust_version"),
+        "suite version": run.get("suite_version") or SUITE_VERSION,
         "suite revision": _git_revision(),
-        "options": json.dumps(run.get("options", {}), sort_keys=True),
-        "server": json.dumps(server.get("settings", {}), sort_keys=True) if server else None,
     }
     cut_off = int((records["error_type"] == CUT_OFF).sum())
     failed = records[(records["status"] != "ok") & (records["error_type"] != CUT_OFF)]

@@ -40,7 +40,7 @@ def finalize(run_dir: Path) -> pd.DataFrame:
     metrics = merge_scrapes(run_dir) if (run_dir / SCRAPES_FILE).exists() else load_metrics(run_dir)
     if metrics is not None:
         models = records["model"].dropna().unique()
-        server = step_server_table(metrics, timeline, model=models[0] if len(models) == 1 else None)
+        server = step_server_table(metrics, timeline, model=models[0] if len(models) == 1 else None, records=records)
         table = table.merge(server, on="step", how="left")
     table.to_csv(run_dir / STEPS_FILE, index=False)
     return table

@@ -34,9 +34,15 @@ ALIASES = {
 KV_CACHE = "vllm:kv_cache_usage_perc"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"  # reason = capacity | deferred (vLLM 0.32)
 PREEMPTIONS = "vllm:num_preemptions_total"
 SUCCESS = "vllm:request_success_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
+QUEUE_HISTOGRAM = "vllm:request_queue_time_seconds"
+CACHE_CONFIG = "vllm:cache_config_info"
 
 SERVER_COLUMNS = [
     "kv_cache_usage_mean",
@@ -45,7 +51,17 @@ SERVER_COLUMNS = [
     "running_max",
     "waiting_mean",
     "waiting_max",
+    "waiting_capacity_max",
+    "waiting_deferred_max",
     "preemptions",
+    "prefix_cache_hit_rate",
+    "server_ttft_mean_s",
+    "server_ttft_p50_s",
+    "server_ttft_p99_s",
+    "server_queue_time_mean_s",
+    "server_queue_time_p50_s",
+    "server_queue_time_p99_s",
+    "ttft_gap_mean_s",
 ]
 
 SCHEMA = pa.schema(
@@ -53,13 +69,20 @@ SCHEMA = pa.schema(
 )
 
 
-def parse_samples(text: str, prefix: str = "vllm:") -> list[tuple[str, dict, float]]:
-    """(metric, labels, value) of every sample whose name starts with `prefix`, under vLLM 0.32's names."""
+def parse_samples(text: str, prefix: str = "vllm:", model: str | None = None) -> list[tuple[str, dict, float]]:
+    """(metric, labels, value) of every sample whose name starts with `prefix`, under vLLM 0.32's names.
+
+    `*_created` samples (a counter's creation time) are dropped; with `model`, so are samples of other models
+    (samples without a model_name label are kept: they describe the whole server).
+    """
     out = []
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name.startswith(prefix):
-                out.append((ALIASES.get(s.name, s.name), dict(s.labels), float(s.value)))
+            if not s.name.startswith(prefix) or s.name.endswith("_created"):
+                continue
+            if model is not None and s.labels.get("model_name", model) != model:
+                continue
+            out.append((ALIASES.get(s.name, s.name), dict(s.labels), float(s.value)))
     return out
 
 
@@ -118,13 +141,108 @@ def load_metrics(run_dir: Path) -> pd.DataFrame | None:
     return None
 
 
-def _series(metrics: pd.DataFrame, metric: str, model: str | None) -> pd.Series:
-    """One value per scrape: the sum over label sets (engines, reasons) of one metric."""
-    rows = metrics[metrics["metric"] == metric]
-    if model is not None and len(rows):
-        keep = [json.loads(lbl).get("model_name", model) == model for lbl in rows["labels"]]
-        rows = rows[keep]
-    return rows.groupby("timestamp")["value"].sum().sort_index()
+class ServerSeries:
+    """The scraped samples of one run, indexed for per-window questions (one model's samples, labels parsed once)."""
+
+    def __init__(self, metrics: pd.DataFrame, model: str | None = None) -> None:
+        up = metrics[metrics["metric"] == UP]
+        ok_times = up.loc[up["value"] > 0, "timestamp"]
+        # Scrapes before the first successful one tell nothing about which series existed then.
+        self.first_scrape = float(ok_times.min()) if len(ok_times) else math.inf
+        self._by_metric: dict[str, list[tuple[dict, pd.Series]]] = {}
+        rows = metrics[metrics["metric"] != UP]
+        for (metric, labels_text), group in rows.groupby(["metric", "labels"], sort=False):
+            labels = json.loads(labels_text)
+            if model is not None and labels.get("model_name", model) != model:
+                continue
+            series = pd.Series(group["value"].to_numpy(), index=group["timestamp"].to_numpy()).sort_index()
+            self._by_metric.setdefault(metric, []).append((labels, series))
+
+    def has(self, metric: str) -> bool:
+        return metric in self._by_metric
+
+    def labelled(self, metric: str, **match: str) -> list[tuple[dict, pd.Series]]:
+        series = self._by_metric.get(metric, [])
+        return [(lab, s) for lab, s in series if all(lab.get(k) == v for k, v in match.items())]
+
+    def gauge(self, metric: str, **match: str) -> pd.Series:
+        """One value per scrape: the sum over label sets (engines, reasons) of a gauge."""
+        parts = [s for _, s in self.labelled(metric, **match)]
+        if not parts:
+            return pd.Series(dtype=float)
+        return pd.concat(parts).groupby(level=0).sum().sort_index()
+
+    def increase(self, metric: str, start: float, end: float, **match: str) -> float:
+        """Increase of a counter over (start, end], summed over its label sets; NaN when no scrape covers it."""
+        values = [counter_increase(s, start, end, self.first_scrape) for _, s in self.labelled(metric, **match)]
+        values = [v for v in values if not math.isnan(v)]
+        return float(sum(values)) if values else math.nan
+
+    def scrape_span(self, metric: str, start: float, end: float) -> tuple[float, float] | None:
+        """The scrapes that bound a counter's increase over (start, end]: the baseline and the last one inside."""
+        times = np.unique(np.concatenate([s.index.to_numpy(dtype=float) for _, s in self.labelled(metric)] or [[]]))
+        times = times[times <= end]
+        inside = times[times > start]
+        if inside.size == 0:
+            return None
+        before = times[times <= start]
+        return (float(before[-1]) if before.size else float(inside[0])), float(inside[-1])
+
+    def histogram_increase(self, metric: str, start: float, end: float) -> tuple[dict[float, float], float, float]:
+        """Bucket counts (upper bound -> cumulative count), count and sum of its observations in (start, end]."""
+        buckets: dict[float, float] = {}
+        for labels, s in self.labelled(metric + "_bucket"):
+            v = counter_increase(s, start, end, self.first_scrape)
+            if not math.isnan(v):
+                le = float(labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + v
+        return buckets, self.increase(metric + "_count", start, end), self.increase(metric + "_sum", start, end)
+
+
+def counter_increase(series: pd.Series, start: float, end: float, first_scrape: float = -math.inf) -> float:
+    """Increase of one counter over (start, end]: sum of rises between consecutive scrapes, a drop being a restart
+    from 0 (increase = the new value), as Prometheus' increase(); baseline = the last scrape at or before `start`."""
+    times = series.index.to_numpy(dtype=float)
+    values = series.to_numpy(dtype=float)
+    upto = times <= end
+    times, values = times[upto], values[upto]
+    before = times <= start
+    inside = values[~before]
+    if inside.size == 0:
+        return math.nan
+    if before.any():
+        points = np.concatenate([values[before][-1:], inside])
+    elif first_scrape <= start:
+        points = np.concatenate([[0.0], inside])  # the series appeared after a scrape that did not have it: new
+    else:
+        points = inside  # scraping began inside the window: count from the first scrape
+        if points.size < 2:
+            return math.nan
+    diffs = np.diff(points)
+    return float(np.where(diffs >= 0, diffs, points[1:]).sum())
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float:
+    """q-quantile (0-1) from cumulative bucket counts {upper bound: count}: linear interpolation inside the bucket
+    holding rank q * total, as Prometheus' histogram_quantile; NaN without observations or in the +Inf bucket."""
+    bounds = sorted(buckets)
+    if not bounds or not math.isinf(bounds[-1]):
+        return math.nan
+    total = buckets[bounds[-1]]
+    if not total > 0:
+        return math.nan
+    rank = q * total
+    lower_bound, lower_count = 0.0, 0.0
+    for b in bounds:
+        count = buckets[b]
+        if count >= rank:
+            if math.isinf(b):
+                return math.nan  # above the largest finite bound: unknown, not the bound
+            if count == lower_count:
+                return b
+            return lower_bound + (b - lower_bound) * (rank - lower_count) / (count - lower_count)
+        lower_bound, lower_count = b, count
+    return math.nan
 
 
 def _window(series: pd.Series, start: float, end: float) -> pd.Series:
@@ -135,43 +253,64 @@ def _stat(values: pd.Series, how: str) -> float:
     return float(getattr(values, how)()) if len(values) else math.nan
 
 
-def _counter_delta(series: pd.Series, start: float, end: float) -> float:
-    """Increase of a counter between the last scrape before `start` and the last before `end`."""
-    before = series[series.index <= start]
-    upto = series[series.index <= end]
-    if upto.empty or upto.index[-1] <= start:
-        return math.nan  # no scrape inside the window
-    if before.empty:
-        inside = _window(series, start, end)
-        if len(inside) < 2:
-            return math.nan
-        before, upto = inside.iloc[:1], inside
-    return float(max(upto.iloc[-1] - before.iloc[-1], 0.0))
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.nan
 
 
-def step_server_table(metrics: pd.DataFrame | None, timeline: list[dict], model: str | None = None) -> pd.DataFrame:
-    """Per step, over its measured window: KV-cache usage, running and waiting requests, preemptions."""
+def step_server_table(
+    metrics: pd.DataFrame | None,
+    timeline: list[dict],
+    model: str | None = None,
+    records: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """Per step, over its measured window: gauges' mean and max over the scrapes inside it, counters' increase and
+    histogram quantiles from the bucket increases between the last scrape before it and the last inside it.
+
+    The TTFT gap compares like with like: the server's histogram counts a request when its first token is out, so
+    the client's side is the ok requests whose first token arrived between the same two scrapes."""
     rows = []
-    series = {}
-    if metrics is not None and len(metrics):
-        series = {m: _series(metrics, m, model) for m in (KV_CACHE, RUNNING, WAITING, PREEMPTIONS)}
+    server = ServerSeries(metrics, model) if metrics is not None and len(metrics) else None
+    gauges = {}
+    if server is not None:
+        gauges = {
+            "kv_cache_usage": server.gauge(KV_CACHE),
+            "running": server.gauge(RUNNING),
+            "waiting": server.gauge(WAITING),
+            "waiting_capacity": server.gauge(WAITING_BY_REASON, reason="capacity"),
+            "waiting_deferred": server.gauge(WAITING_BY_REASON, reason="deferred"),
+        }
     for step in timeline:
         start, end = float(step["measure_start"]), float(step["end_time"] or np.inf)
-        row = {"step": int(step["step"])}
-        if not series:
-            row.update({c: math.nan for c in SERVER_COLUMNS})
-        else:
-            kv, run, wait = (_window(series[m], start, end) for m in (KV_CACHE, RUNNING, WAITING))
-            row.update(
-                {
-                    "kv_cache_usage_mean": _stat(kv, "mean"),
-                    "kv_cache_usage_max": _stat(kv, "max"),
-                    "running_mean": _stat(run, "mean"),
-                    "running_max": _stat(run, "max"),
-                    "waiting_mean": _stat(wait, "mean"),
-                    "waiting_max": _stat(wait, "max"),
-                    "preemptions": _counter_delta(series[PREEMPTIONS], start, end),
-                }
+        row: dict = {"step": int(step["step"]), **{c: math.nan for c in SERVER_COLUMNS}}
+        if server is not None:
+            for name, series in gauges.items():
+                inside = _window(series, start, end)
+                row[f"{name}_max"] = _stat(inside, "max")
+                if f"{name}_mean" in SERVER_COLUMNS:
+                    row[f"{name}_mean"] = _stat(inside, "mean")
+            row["preemptions"] = server.increase(PREEMPTIONS, start, end)
+            row["prefix_cache_hit_rate"] = _ratio(
+                server.increase(PREFIX_HITS, start, end), server.increase(PREFIX_QUERIES, start, end)
             )
+            for prefix, metric in (("server_ttft", TTFT_HISTOGRAM), ("server_queue_time", QUEUE_HISTOGRAM)):
+                buckets, count, total = server.histogram_increase(metric, start, end)
+                row[f"{prefix}_mean_s"] = _ratio(total, count)
+                row[f"{prefix}_p50_s"] = histogram_quantile(0.50, buckets)
+                row[f"{prefix}_p99_s"] = histogram_quantile(0.99, buckets)
+            span = server.scrape_span(TTFT_HISTOGRAM + "_count", start, end)
+            if span is not None and records is not None and len(records):
+                ok = records[records["status"] == "ok"]
+                first_token = ok["start_time"] + ok["ttft_s"]
+                client = ok.loc[(first_token > span[0]) & (first_token <= span[1]), "ttft_s"]
+                if len(client) and not math.isnan(row["server_ttft_mean_s"]):
+                    row["ttft_gap_mean_s"] = float(client.mean()) - row["server_ttft_mean_s"]
         rows.append(row)
     return pd.DataFrame(rows, columns=["step", *SERVER_COLUMNS])
+
+
+def server_info(metrics: pd.DataFrame | None) -> dict:
+    """The server's self-description from its first scrape: vllm:cache_config_info's labels (block size, blocks)."""
+    if metrics is None or not len(metrics):
+        return {}
+    rows = metrics[metrics["metric"] == CACHE_CONFIG]
+    return json.loads(rows["labels"].iloc[0]) if len(rows) else {}

@@ -29,6 +29,7 @@ STEP_COLUMNS = [
     "ttft_p50_s",
     "ttft_p95_s",
     "ttft_p99_s",
+    "ttft_mean_s",
     "tpot_p50_s",
     "tpot_p95_s",
     "tpot_p99_s",
@@ -117,6 +118,7 @@ def step_table(records: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
                 "ttft_p50_s": percentile(ok["ttft_s"], 50),
                 "ttft_p95_s": percentile(ok["ttft_s"], 95),
                 "ttft_p99_s": percentile(ok["ttft_s"], 99),
+                "ttft_mean_s": _mean(ok["ttft_s"]),
                 "tpot_p50_s": percentile(ok["tpot_s"].astype(float), 50),
                 "tpot_p95_s": percentile(ok["tpot_s"].astype(float), 95),
                 "tpot_p99_s": percentile(ok["tpot_s"].astype(float), 99),
@@ -177,8 +179,23 @@ def format_table(table: pd.DataFrame) -> str:
     out = ["Batching curve (latencies in ms; TTFT/TPOT/ITL exact percentiles of raw records)", line(header)]
     out += [line(row) for row in body]
     if "kv_cache_usage_max" in table.columns and table["kv_cache_usage_max"].notna().any():
-        out += ["", "Server (vLLM /metrics over each step's measured window)"]
-        head = ["step", "users", "KV cache mean", "max", "running mean", "max", "waiting mean", "max", "preemptions"]
+        out += ["", "Server (vLLM /metrics over each step's measured window; times in ms)"]
+        head = [
+            "step",
+            "users",
+            "KV cache mean",
+            "max",
+            "running mean",
+            "max",
+            "waiting mean",
+            "max",
+            "preemptions",
+            "prefix hits",
+            "server TTFT mean",
+            "p99",
+            "queue mean",
+            "TTFT gap",
+        ]
         pct = lambda v: "-" if pd.isna(v) else f"{v * 100:.0f}%"  # noqa: E731
         rows = [
             [
@@ -191,6 +208,11 @@ def format_table(table: pd.DataFrame) -> str:
                 num(r.waiting_mean),
                 num(r.waiting_max),
                 "-" if pd.isna(r.preemptions) else f"{r.preemptions:.0f}",
+                pct(r.prefix_cache_hit_rate),
+                ms(r.server_ttft_mean_s),
+                ms(r.server_ttft_p99_s),
+                ms(r.server_queue_time_mean_s),
+                ms(r.ttft_gap_mean_s),
             ]
             for r in table.itertuples(index=False)
         ]

@@ -29,6 +29,7 @@ from geventhttpclient.url import URL
 from locust.event import EventHook
 from locust.runners import MasterRunner, WorkerRunner
 
+from analysis import __version__ as SUITE_VERSION
 from analysis.diagnosis import diagnose
 from analysis.records import RECORDS_DIR, RecordWriter, RequestRecord
 from analysis.run import STEPS_FILE, finalize, write_run
@@ -105,6 +106,7 @@ class RunContext:
         self._models: dict[str, AsyncResult] = {}
         self._generated_run_dir: str | None = None
         self.scraper: MetricsScraper | None = None
+        self.server_version: str | None = None
         self.last_table = None
 
     @property
@@ -167,7 +169,10 @@ class RunContext:
         if self.generates_load:
             self.writer = RecordWriter(self.run_dir / RECORDS_DIR / f"{self.worker_name}.jsonl")
         if self.is_controller:
+            self.server_version = None
             self._save_timeline(self.tracker.timeline)
+            if options.host:
+                gevent.spawn(self._read_server_version, options.host)
             logger.info("Run directory: %s", self.run_dir)
             self._start_scraper(options)
 
@@ -198,7 +203,14 @@ class RunContext:
         url = options.metrics_url or (f"{(options.host or '').rstrip('/')}/metrics" if options.host else "")
         if not url or url == "off":
             return
-        self.scraper = MetricsScraper(url, options.scrape_interval, self.run_dir).start()
+        # With --model the scraper keeps only that model's samples; otherwise the analysis filters by the model
+        # the records name (a server serving several models labels each sample with its model_name).
+        self.scraper = MetricsScraper(url, options.scrape_interval, self.run_dir, model=options.model or None).start()
+
+    def _read_server_version(self, host: str) -> None:
+        """vLLM's version from its /version endpoint, for the report's metadata; absent on other servers."""
+        self.server_version = fetch_server_version(host)
+        self._save_timeline(self.tracker.timeline)
 
     def on_record(self, record: RequestRecord, **_kw) -> None:
         if self.writer is None:
@@ -214,6 +226,8 @@ class RunContext:
             "started_at": self.started_at,
             "finished_at": time.time() if finished else None,
             "locust_version": locust.__version__,
+            "suite_version": SUITE_VERSION,
+            "server_version": self.server_version,
             "options": {k: getattr(options, k, None) for k in SAVED_OPTIONS},
             "timeline": timeline,
         }
@@ -244,6 +258,25 @@ def discover_model(host: str, timeout: float, api_key: str | None = None) -> str
         return str(data[0]["id"])
     except (ValueError, KeyError, IndexError, TypeError):
         raise SetupError(f"{host}/v1/models lists no model; pass --model explicitly") from None
+
+
+def fetch_server_version(host: str, timeout: float = 5.0) -> str | None:
+    """GET <host>/version (vLLM's {"version": ...}); None when the server does not say."""
+    base = URL(host)
+    try:
+        client = HTTPClient.from_url(base, connection_timeout=timeout, network_timeout=timeout)
+        try:
+            response = client.get(base.path.rstrip("/") + "/version", headers={"Accept": "application/json"})
+            body = response.read()
+        finally:
+            client.close()
+        if response.status_code != 200:
+            return None
+        version = json.loads(body).get("version")
+        return str(version) if version is not None else None
+    except Exception as e:  # optional metadata: the run goes on without it, but say why
+        logger.debug("no server version from %s/version: %s: %s", host, type(e).__name__, e)
+        return None
 
 
 def register(environment) -> RunContext:

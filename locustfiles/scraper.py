@@ -19,8 +19,9 @@ logger = logging.getLogger("vllm_loadtest.scraper")
 
 
 class MetricsScraper:
-    def __init__(self, url: str, interval_s: float, run_dir: Path) -> None:
+    def __init__(self, url: str, interval_s: float, run_dir: Path, model: str | None = None) -> None:
         self.url = URL(url)
+        self.model = model
         self.interval_s = interval_s
         self.path = Path(run_dir) / SCRAPES_FILE
         self._file = open(self.path, "ab", buffering=0)
@@ -42,7 +43,7 @@ class MetricsScraper:
             body = response.read()
             if response.status_code != 200:
                 raise ValueError(f"HTTP {response.status_code}")
-            samples = parse_samples(body.decode("utf-8", errors="replace"))
+            samples = parse_samples(body.decode("utf-8", errors="replace"), model=self.model)
             line = scrape_line(t, samples)
         except Exception as e:  # any failure is a gap: the load test goes on
             self.gaps += 1

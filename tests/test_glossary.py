@@ -51,3 +51,4 @@ def test_readme_defines_every_glossary_metric_with_the_same_words():
     for metric in g.GLOSSARY.values():
         assert f"`{metric.name}`" in readme, metric.name
         assert metric.definition in readme, f"README's definition of {metric.name} differs from the glossary"
+    assert g.markdown_table() in readme, "regenerate the README's glossary with `python -m analysis glossary`"

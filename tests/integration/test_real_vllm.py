@@ -84,7 +84,18 @@ def test_vllm_rejections_carry_vllms_own_message(vllm_server, tmp_path):
     assert model_err["error"].str.contains("The model `nope` does not exist").all()
 
 
-def test_stepped_headless_run_scrapes_the_servers_kv_cache(vllm_server, tmp_path):
+def window_stats(metrics: pd.DataFrame, metric: str, start: float, end: float) -> tuple[float, float]:
+    """Mean and max of a gauge's raw samples inside [start, end), straight from metrics.parquet."""
+    rows = metrics[(metrics["metric"] == metric) & (metrics["timestamp"] >= start) & (metrics["timestamp"] < end)]
+    per_scrape = rows.groupby("timestamp")["value"].sum()
+    return float(per_scrape.mean()), float(per_scrape.max())
+
+
+def test_stepped_run_saturates_the_kv_cache_and_the_report_says_so(vllm_server, tmp_path):
+    """128 KV blocks of 32 tokens hold ~15 sequences of 270 tokens: from 32 users on, the cache limits the batch.
+
+    (On this tiny CPU model throughput grows with the batch almost linearly until then, so the knee is where the
+    cache is full: 64 users add nothing over 32.)"""
     run_dir = tmp_path / "run"
     proc = subprocess.run(
         [
@@ -97,34 +108,59 @@ def test_stepped_headless_run_scrapes_the_servers_kv_cache(vllm_server, tmp_path
             "--host",
             vllm_server.url,
             "--steps",
-            "1,16",
+            "4,16,32,64",
             "--step-duration",
-            "12s",
+            "20s",
             "--step-warmup",
-            "3s",
+            "8s",
             "--max-tokens",
-            "64",
+            "256",
             "--ignore-eos",
             "--stop-timeout",
-            "60",
+            "120",
             "--run-dir",
             str(run_dir),
         ],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=400,
     )
+    print(proc.stdout[-3000:])  # the table and diagnosis, shown when an assertion fails
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = pd.read_csv(run_dir / "steps.csv")
-    assert list(steps["users"]) == [1, 16]
+    assert list(steps["users"]) == [4, 16, 32, 64]
     assert (steps["requests"] > 0).all()
-    assert steps["kv_cache_usage_max"].iloc[1] > steps["kv_cache_usage_max"].iloc[0] > 0
-    assert steps["running_max"].iloc[1] > 1
     records = pd.read_parquet(run_dir / "requests.parquet")
     assert (records["status"] == "ok").all()  # --stop-timeout let the last requests finish
     metrics = pd.read_parquet(run_dir / "metrics.parquet")
     up = metrics[metrics["metric"] == "up"]
-    assert len(up) >= 20 and (up["value"] == 1).all()
+    assert len(up) >= 50 and (up["value"] == 1).all()
     run = json.loads((run_dir / "run.json").read_text())
-    assert run["options"]["max_tokens"] == 64
+    assert run["options"]["max_tokens"] == 256 and run["server_version"] == "0.32.0"
+
+    # The table's server columns are exactly the raw samples of each measured window.
+    for step, row in zip(run["timeline"], steps.itertuples()):
+        for metric, column in (
+            ("vllm:kv_cache_usage_perc", "kv_cache_usage"),
+            ("vllm:num_requests_running", "running"),
+            ("vllm:num_requests_waiting", "waiting"),
+        ):
+            mean, peak = window_stats(metrics, metric, step["measure_start"], step["end_time"])
+            assert getattr(row, f"{column}_mean") == pytest.approx(mean), (step["users"], column)
+            assert getattr(row, f"{column}_max") == pytest.approx(peak), (step["users"], column)
+    top = steps.iloc[-1]
+    assert top["kv_cache_usage_max"] >= 0.9 and top["waiting_max"] > 0 and top["waiting_capacity_max"] > 0
+    assert steps["kv_cache_usage_max"].iloc[0] < 0.9 and steps["waiting_max"].iloc[0] == 0
+    # The cache, not max_num_seqs (32), limits the batch: on average fewer than 32 run.
+    assert top["running_mean"] < 30 and top["preemptions"] > 0
+    # vLLM's own TTFT is inside the client's; the queue time grows once requests wait for the cache.
+    assert (steps["server_ttft_mean_s"] > 0).all() and (steps["ttft_gap_mean_s"] > 0).all()
+    assert top["server_queue_time_mean_s"] > steps["server_queue_time_mean_s"].iloc[0]
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    diagnosis = summary["diagnosis"]
+    assert diagnosis["knee_users"] in (16, 32), diagnosis
+    assert diagnosis["binding"][str(len(steps) - 1)] == "KV cache", diagnosis
+    page = (run_dir / "report.html").read_text()
+    assert "the KV cache binds" in page and "0.32.0" in page
