@@ -76,3 +76,61 @@ def test_report_is_self_contained_and_escapes_server_text(fake_server, tmp_path)
     summary = json.loads((tmp_path / "r" / SUMMARY_FILE).read_text())
     assert summary["errors"]["http_500"] > 0 and summary["ok"] > 0
     assert [s["users"] for s in summary["steps"]] == [1, 2]
+
+
+def test_report_regenerates_from_a_copied_run_dir_and_overlays_compared_runs(fake_server, tmp_path):
+    """`python -m analysis report` on a copy rebuilds the same tables; --compare overlays another run's curves."""
+    import shutil
+    import subprocess
+    import sys
+
+    from analysis.report import REPORT_FILE, SUMMARY_FILE
+    from tests.conftest import ROOT
+    from tests.test_headless import locust
+
+    server = fake_server("--ttft-ms", "5", "--itl-ms", "1")
+    runs = {}
+    for name, tokens in (("short", "8"), ("long", "32")):
+        runs[name] = tmp_path / name
+        args = ["--host", server.url, "--steps", "1,2", "--step-duration", "2s", "--step-warmup", "0s"]
+        proc = locust(*args, "--max-tokens", tokens, "--run-dir", str(runs[name]))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    copy = tmp_path / "elsewhere" / "short-copy"
+    shutil.copytree(runs["short"], copy)
+    for generated in ("requests.parquet", "metrics.parquet", "steps.csv", SUMMARY_FILE, REPORT_FILE):
+        (copy / generated).unlink()  # rebuilt from records/ and metrics.jsonl alone
+    proc = subprocess.run(
+        [sys.executable, "-m", "analysis", "report", str(copy), "--compare", str(runs["long"])],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pd.testing.assert_frame_equal(pd.read_csv(copy / "steps.csv"), pd.read_csv(runs["short"] / "steps.csv"))
+    original = json.loads((runs["short"] / SUMMARY_FILE).read_text())
+    rebuilt = json.loads((copy / SUMMARY_FILE).read_text())
+    assert {k: v for k, v in rebuilt.items() if k != "run_dir"} == {
+        k: v for k, v in original.items() if k != "run_dir"
+    }
+    page = (copy / REPORT_FILE).read_text()
+    assert "short-copy aggregate tok\\u002fs" in page and "long aggregate tok\\u002fs" in page  # JSON-escaped
+    assert page.count("Plotly.newPlot(") == (runs["short"] / REPORT_FILE).read_text().count("Plotly.newPlot(")
+
+
+def test_compare_with_a_directory_that_is_not_a_run_fails_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    (tmp_path / "run" / "records").mkdir(parents=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "analysis", "report", str(tmp_path / "run"), "--compare", str(tmp_path / "nope")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "has no steps.csv" in proc.stderr
