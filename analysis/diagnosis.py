@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 
 import pandas as pd
 
@@ -97,3 +98,27 @@ def diagnose(table: pd.DataFrame) -> Diagnosis:
         else:
             d.text.append(f"At {int(row['users'])} users the binding resource is unknown: no server metrics.")
     return d
+
+
+def utc(t: float | None) -> str | None:
+    """A Unix time as 'YYYY-MM-DD HH:MM:SS UTC'."""
+    if t is None:
+        return None
+    return datetime.fromtimestamp(float(t), tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def worker_lines(workers: list[dict], started_at: float | None) -> list[str]:
+    """One plain sentence per worker that went missing or never sent its final report."""
+    out = []
+    t0 = started_at or 0.0
+    for w in workers:
+        name = w.get("worker") or w.get("client_id")
+        if w.get("missing_at") is not None:
+            out.append(
+                f"Worker {name} went missing {w['missing_at'] - t0:.1f} s into the run ({utc(w['missing_at'])}); "
+                f"{w.get('records_received', 0)} of its records reached the master (any later ones are in its own "
+                "records file on its host, merged when that file is in this run directory)."
+            )
+        elif w.get("final_at") is None:
+            out.append(f"Worker {name} sent no final report; {w.get('records_received', 0)} records arrived.")
+    return out

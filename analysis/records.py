@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 logger = logging.getLogger(__name__)
 
 RECORDS_DIR = "records"
+RECEIVED_DIR = "received"  # inside RECORDS_DIR: the copies workers shipped to the master
 REQUESTS_FILE = "requests.parquet"
 
 
@@ -90,11 +91,14 @@ class RecordWriter:
         self._file = open(self.path, "ab", buffering=0)
         self.count = 0
 
-    def write(self, record: RequestRecord) -> None:
+    def write(self, record: RequestRecord) -> bytes:
+        """Append one record; return its line (a worker also ships it to the master)."""
         # orjson serializes the dataclass directly: ~15 µs for a 256-token record, against ~1.8 ms for
         # json.dumps(asdict(...)), which would block every other user's greenlet for that long.
-        self._file.write(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
+        line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+        self._file.write(line)
         self.count += 1
+        return line
 
     def close(self) -> None:
         if not self._file.closed:
@@ -125,20 +129,30 @@ def load_records(run_dir: Path) -> pd.DataFrame:
     return merge_records(run_dir, write=False)
 
 
-def merge_records(run_dir: Path, write: bool = True) -> pd.DataFrame:
-    """Merge every records/*.jsonl of the run into one table (and requests.parquet), one row per request_id."""
-    run_dir = Path(run_dir)
+def _read_records(folder: Path) -> list[dict]:
     rows: list[dict] = []
-    for path in sorted((run_dir / RECORDS_DIR).glob("*.jsonl")):
+    for path in sorted(folder.glob("*.jsonl")):
         file_rows, bad = read_jsonl(path)
         if bad:
             logger.warning("%s: skipped %d unreadable line(s) (cut off by a crash?)", path, bad)
         rows.extend(file_rows)
-    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    return rows
+
+
+def merge_records(run_dir: Path, write: bool = True) -> pd.DataFrame:
+    """Merge every records/*.jsonl (written by each process) and records/received/*.jsonl (shipped by workers to
+    the master) into one table and requests.parquet: one row per request_id, whichever copies exist."""
+    run_dir = Path(run_dir)
+    local = _read_records(run_dir / RECORDS_DIR)
+    received = _read_records(run_dir / RECORDS_DIR / RECEIVED_DIR)
+    for name, rows in (("records/", local), (f"records/{RECEIVED_DIR}/", received)):
+        ids = [r.get("request_id") for r in rows]
+        if len(ids) != len(set(ids)):
+            # Within one kind of copy a request_id is unique; a repeat means a file was copied in twice.
+            logger.warning("%d repeated request_id(s) in %s of %s", len(ids) - len(set(ids)), name, run_dir)
+    table = pa.Table.from_pylist(local + received, schema=SCHEMA)
     df = table.to_pandas()
     if len(df) and df["request_id"].duplicated().any():
-        dup = int(df["request_id"].duplicated().sum())
-        logger.warning("%d duplicate request_id(s) in %s; keeping the first of each", dup, run_dir / RECORDS_DIR)
         df = df.drop_duplicates("request_id", keep="first").reset_index(drop=True)
         table = pa.Table.from_pandas(df, schema=SCHEMA, preserve_index=False)
     if write:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import html
 import json
 import subprocess
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from analysis import __version__ as SUITE_VERSION
-from analysis.diagnosis import diagnose
+from analysis.diagnosis import diagnose, utc, worker_lines
 from analysis.glossary import GLOSSARY
 from analysis.records import load_records
 from analysis.run import STEPS_FILE, read_run
@@ -43,12 +42,6 @@ def _git_revision() -> str | None:
         return None
 
 
-def _utc(t: float | None) -> str | None:
-    if t is None:
-        return None
-    return datetime.fromtimestamp(float(t), tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
 def summary(run_dir: Path, table: pd.DataFrame, records: pd.DataFrame) -> dict:
     """summary.json: the run's totals, its step table and its diagnosis, machine-readable."""
     run = read_run(run_dir)
@@ -69,6 +62,7 @@ def summary(run_dir: Path, table: pd.DataFrame, records: pd.DataFrame) -> dict:
         "output_tokens": int(ok["output_tokens"].sum()) if len(ok) else 0,
         "steps": steps,
         "diagnosis": diagnose(table).to_dict(),
+        "workers": run.get("workers") or [],
         "server_version": run.get("server_version"),
         "suite_version": run.get("suite_version") or SUITE_VERSION,
         "suite_revision": _git_revision(),
@@ -230,6 +224,29 @@ def _table_html(table: pd.DataFrame) -> str:
     )
 
 
+def _workers_html(workers: list[dict], started_at: float | None) -> str:
+    head = "<tr><th>worker</th><th>Locust id</th><th>connected</th><th>missing since</th><th>records received</th>"
+    head += "<th>records reported</th></tr>"
+    rows = "".join(
+        "<tr>"
+        + "".join(
+            f"<td>{html.escape('' if v is None else str(v))}</td>"
+            for v in (
+                w.get("worker"),
+                w.get("client_id"),
+                utc(w.get("connected_at")),
+                utc(w.get("missing_at")),
+                w.get("records_received"),
+                w.get("records_reported"),
+            )
+        )
+        + "</tr>"
+        for w in workers
+    )
+    notes = "".join(f"<li>{html.escape(line)}</li>" for line in worker_lines(workers, started_at))
+    return f"<h2>Workers</h2><ul>{notes}</ul><table>{head}{rows}</table>"
+
+
 def build_report(run_dir: Path, compare: list[Path] | None = None) -> str:
     run_dir = Path(run_dir)
     records = load_records(run_dir)
@@ -252,8 +269,8 @@ def build_report(run_dir: Path, compare: list[Path] | None = None) -> str:
     cache_config = server_info(metrics)
     meta = {
         "run directory": str(run_dir),
-        "started": _utc(run.get("started_at")),
-        "finished": _utc(run.get("finished_at")),
+        "started": utc(run.get("started_at")),
+        "finished": utc(run.get("finished_at")),
         "server": (run.get("options") or {}).get("host"),
         "models": ", ".join(sorted(records["model"].dropna().unique())),
         "vLLM version": run.get("server_version") or "not exposed by the server",
@@ -273,7 +290,12 @@ def build_report(run_dir: Path, compare: list[Path] | None = None) -> str:
         "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"
         "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>",
         f"<h1>vllm-loadtest report: {html.escape(run_dir.name)}</h1>",
-        "<h2>Diagnosis</h2><ul>" + "".join(f"<li>{html.escape(t)}</li>" for t in diag.text) + "</ul>",
+        "<h2>Diagnosis</h2><ul>"
+        + "".join(
+            f"<li>{html.escape(t)}</li>"
+            for t in [*diag.text, *worker_lines(run.get("workers") or [], run.get("started_at"))]
+        )
+        + "</ul>",
     ]
     parts += [f.to_html(full_html=False, include_plotlyjs=False) for f in figures]
     parts += ["<h2>Per-step table</h2>", _table_html(table)]
@@ -290,6 +312,9 @@ def build_report(run_dir: Path, compare: list[Path] | None = None) -> str:
             f"<p>{cut_off} request(s) were still running when the load generator stopped: recorded as cut_off, "
             "neither counted as errors nor measured.</p>"
         )
+    workers = run.get("workers") or []
+    if workers:
+        parts.append(_workers_html(workers, run.get("started_at")))
     parts.append(
         "<h2>Run</h2><table>"
         + "".join(

@@ -23,6 +23,7 @@ from pathlib import Path
 import gevent
 import greenlet
 import locust
+import orjson
 from gevent.event import AsyncResult
 from geventhttpclient import HTTPClient
 from geventhttpclient.url import URL
@@ -30,11 +31,12 @@ from locust.event import EventHook
 from locust.runners import MasterRunner, WorkerRunner
 
 from analysis import __version__ as SUITE_VERSION
-from analysis.diagnosis import diagnose
+from analysis.diagnosis import diagnose, worker_lines
 from analysis.records import RECORDS_DIR, RecordWriter, RequestRecord
 from analysis.run import STEPS_FILE, finalize, write_run
 from analysis.steps import format_table
 from locustfiles import options as opts_mod
+from locustfiles.distributed import RecordShipper, WorkerLedger, register_worker_stop
 from locustfiles.scraper import MetricsScraper
 from locustfiles.shape import StepTracker
 
@@ -108,6 +110,13 @@ class RunContext:
         self.scraper: MetricsScraper | None = None
         self.server_version: str | None = None
         self.last_table = None
+        self.shipper: RecordShipper | None = None
+        self.workers: list[dict] = []
+        self.ledger: WorkerLedger | None = None
+        if isinstance(environment.runner, MasterRunner):
+            self.ledger = WorkerLedger(environment, on_change=self._workers_changed)
+        elif isinstance(environment.runner, WorkerRunner):
+            register_worker_stop(environment)
 
     @property
     def is_controller(self) -> bool:
@@ -163,11 +172,19 @@ class RunContext:
         try:
             (self.run_dir / RECORDS_DIR).mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise SetupError(
-                f"cannot create run directory {self.run_dir}: {e.strerror}; pass a writable --run-dir"
-            ) from None
-        if self.generates_load:
+            if self.is_controller:
+                raise SetupError(
+                    f"cannot create run directory {self.run_dir}: {e.strerror}; pass a writable --run-dir"
+                ) from None
+            # A worker on another host may not have the master's path: the master's copy is then the only one.
+            logger.warning("no local copy of this worker's records: cannot create %s (%s)", self.run_dir, e.strerror)
+        if self.generates_load and (self.run_dir / RECORDS_DIR).is_dir():
             self.writer = RecordWriter(self.run_dir / RECORDS_DIR / f"{self.worker_name}.jsonl")
+        if isinstance(environment.runner, WorkerRunner):
+            self.shipper = RecordShipper(environment, self.worker_name, self.run_dir)
+        if self.ledger is not None:
+            self.workers = []
+            self.ledger.start(self.run_dir)
         if self.is_controller:
             self.server_version = None
             self._save_timeline(self.tracker.timeline)
@@ -181,6 +198,12 @@ class RunContext:
             self.writer.close()
             logger.info("%d request record(s) in %s", self.writer.count, self.writer.path)
             self.writer = None
+        if self.shipper is not None:
+            self.shipper.close()
+            self.shipper = None
+        if self.ledger is not None and self.ledger.run_dir is not None:
+            # Workers still stream (the headless master stops itself first): let them finish and report.
+            self.workers = self.ledger.finish(environment.stop_timeout or 0.0)
         if self.scraper is not None:
             self.scraper.stop()
             self.scraper = None
@@ -190,7 +213,8 @@ class RunContext:
             table = finalize(self.run_dir)
             self.last_table = table
             print("\n" + format_table(table), flush=True)
-            print("\n".join(["", "Diagnosis:", *(f"- {line}" for line in diagnose(table).text)]), flush=True)
+            lines = [*diagnose(table).text, *worker_lines(self.workers, self.started_at)]
+            print("\n".join(["", "Diagnosis:", *(f"- {line}" for line in lines)]), flush=True)
             print(f"\nResults: {self.run_dir / 'requests.parquet'}, {self.run_dir / STEPS_FILE}", flush=True)
             if not getattr(environment.parsed_options, "no_report", False):
                 from analysis.report import write_report  # plotly is only imported when a report is written
@@ -213,10 +237,20 @@ class RunContext:
         self._save_timeline(self.tracker.timeline)
 
     def on_record(self, record: RequestRecord, **_kw) -> None:
-        if self.writer is None:
+        if self.writer is None and self.shipper is None:
             logger.error("request %s finished outside a run; its record is not saved", record.request_id)
             return
-        self.writer.write(record)
+        if self.writer is not None:
+            line = self.writer.write(record)
+        else:
+            line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+        if self.shipper is not None:
+            self.shipper.add(line)
+
+    def _workers_changed(self) -> None:
+        if self.ledger is not None:
+            self.workers = sorted(self.ledger.workers.values(), key=lambda e: e["connected_at"])
+        self._save_timeline(self.tracker.timeline)
 
     def _save_timeline(self, timeline: list[dict], finished: bool = False) -> None:
         if not self.is_controller or self.run_dir is None:
@@ -230,6 +264,7 @@ class RunContext:
             "server_version": self.server_version,
             "options": {k: getattr(options, k, None) for k in SAVED_OPTIONS},
             "timeline": timeline,
+            "workers": self.workers,
         }
         write_run(self.run_dir, data)
 

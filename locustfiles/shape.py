@@ -78,9 +78,19 @@ class StepTracker:
 class StepLoadShape(LoadTestShape):
     """Holds each user count of --steps for --step-duration, then stops the test."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.reset_time()
+
     def reset_time(self) -> None:
         super().reset_time()
+        # A master's first start() calls this again after the first tick began step 0: keep a run in progress.
+        ctx = getattr(getattr(getattr(self, "runner", None), "environment", None), "vllm_loadtest", None)
+        if ctx is not None and ctx.tracker.state is not None:
+            return
         self._plan: tuple[list[int], float, float] | None = None  # re-read options on every start (web UI edits)
+        self._index = -1
+        self._step_began = 0.0
 
     def _read_plan(self) -> tuple[list[int], float, float]:
         opts = self.runner.environment.parsed_options
@@ -93,13 +103,17 @@ class StepLoadShape(LoadTestShape):
         if getattr(self, "_plan", None) is None:
             self._plan = self._read_plan()
         steps, duration, warmup = self._plan
-        index = int(self.get_run_time() // duration)
         tracker: StepTracker = self.runner.environment.vllm_loadtest.tracker
-        if index >= len(steps):
-            tracker.end()
-            return None
-        users = steps[index]
-        if tracker.state is None or tracker.state.step != index:
-            tracker.begin_step(index, users, warmup)
+        # Each step is timed from its own beginning, not from the run's start: a master's start() blocks until
+        # the workers confirm their users (up to seconds), which would otherwise eat into the following steps.
+        now = time.monotonic()
+        if self._index < 0 or now - self._step_began >= duration:
+            self._index += 1
+            self._step_began = now
+            if self._index >= len(steps):
+                tracker.end()
+                return None
+            tracker.begin_step(self._index, steps[self._index], warmup)
+        users = steps[self._index]
         # Spawn a step's new users within a fraction of a second: the lab fires c requests at once.
         return users, float(max(100, users))

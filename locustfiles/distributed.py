@@ -1,0 +1,250 @@
+"""Master/worker runs: every worker's records reach the master's run directory exactly once, and the master waits
+for them before it merges.
+
+Each worker writes its records to its own file in the run directory on its host (`records/<host>-<pid>.jsonl`:
+the durable copy, which survives a master that dies) and ships the same lines to the master every
+`SHIP_INTERVAL_S`, which appends them to `records/received/<host>-<pid>.jsonl` in its run directory. On one host,
+or with a shared volume, both copies land side by side; the merge keeps one row per `request_id`. Workers on
+other hosts need nothing shared: the master's copy is complete except for the lines of the last interval of a
+worker that is killed, which its own file on its host still holds (`python -m analysis report` merges copies of
+those files dropped into `records/`).
+
+At the end the master asks every worker to stop (in-flight streams get Locust's `--stop-timeout`, then are
+recorded as cut off) and waits for each worker's final message, which carries how many records it wrote, before
+merging. A worker that goes missing (no heartbeat) is not waited for; the run directory says when it went.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import gevent
+from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
+
+from analysis.records import RECEIVED_DIR, RECORDS_DIR
+
+logger = logging.getLogger("vllm_loadtest.distributed")
+
+RECORDS_MESSAGE = "vllm_loadtest_records"  # worker -> master: {"worker", "run_dir", "lines": bytes}
+FINAL_MESSAGE = "vllm_loadtest_final"  # worker -> master: {"worker", "run_dir", "records": n}
+STOP_MESSAGE = "vllm_loadtest_stop"  # master -> worker: stop your users now and send your final message
+SHIP_INTERVAL_S = 0.5
+FINAL_GRACE_S = 15.0  # beyond --stop-timeout, for the last messages to arrive
+MISSING_GRACE_S = 10.0  # how long a worker without heartbeat may still come back with its final message
+
+
+class RecordShipper:
+    """Worker side: batches serialized records and sends them to the master."""
+
+    def __init__(self, environment, worker: str, run_dir: Path) -> None:
+        self.environment = environment
+        self.worker = worker
+        self.run_dir = str(run_dir)
+        self._lines: list[bytes] = []
+        self.count = 0
+        self._greenlet = gevent.spawn(self._loop)
+
+    def add(self, line: bytes) -> None:
+        self._lines.append(line)
+        self.count += 1
+
+    def flush(self) -> None:
+        if not self._lines:
+            return
+        lines, self._lines = self._lines, []
+        self.environment.runner.send_message(
+            RECORDS_MESSAGE, {"worker": self.worker, "run_dir": self.run_dir, "lines": b"".join(lines)}
+        )
+
+    def _loop(self) -> None:
+        while True:
+            gevent.sleep(SHIP_INTERVAL_S)
+            try:
+                self.flush()
+            except Exception:  # the master is gone: keep the lines, the local file has them anyway
+                logger.exception("cannot ship records to the master; they stay in this worker's own file")
+
+    def close(self) -> None:
+        """Ship what is left, then tell the master this worker's run is complete."""
+        self._greenlet.kill(block=True)
+        self.flush()
+        self.environment.runner.send_message(
+            FINAL_MESSAGE, {"worker": self.worker, "run_dir": self.run_dir, "records": self.count}
+        )
+
+
+class WorkerLedger:
+    """Master side: writes the records workers ship, tracks each worker's connection, disappearance and final
+    message, and waits for the finals at the end of a run."""
+
+    def __init__(self, environment, on_change=None) -> None:
+        self.environment = environment
+        self.on_change = on_change
+        self.run_dir: Path | None = None
+        self.workers: dict[str, dict] = {}  # Locust client id -> what we know of it
+        self._files: dict[Path, object] = {}
+        self._watch: gevent.Greenlet | None = None
+        runner = environment.runner
+        runner.register_message(RECORDS_MESSAGE, self._on_records)
+        runner.register_message(FINAL_MESSAGE, self._on_final)
+
+    # --- during the run -------------------------------------------------------------------------------
+    def start(self, run_dir: Path) -> None:
+        self.close_files()
+        self.run_dir = Path(run_dir)
+        self.workers = {}
+        self._poll()
+        self._watch = gevent.spawn(self._watch_loop)
+
+    def _entry(self, client_id: str) -> dict:
+        return self.workers.setdefault(
+            client_id,
+            {
+                "client_id": client_id,
+                "worker": None,
+                "connected_at": time.time(),
+                "missing_at": None,
+                "records_received": 0,
+                "records_reported": None,
+                "final_at": None,
+            },
+        )
+
+    def _poll(self) -> None:
+        changed = False
+        for client in self.environment.runner.clients.all:
+            known = client.id in self.workers
+            entry = self._entry(client.id)
+            changed |= not known
+            if client.state == STATE_MISSING and entry["missing_at"] is None and entry["final_at"] is None:
+                entry["missing_at"] = time.time()
+                changed = True
+                logger.warning(
+                    "worker %s went missing (no heartbeat); its records so far are kept, the run goes on",
+                    entry["worker"] or client.id,
+                )
+            elif client.state != STATE_MISSING and entry["missing_at"] is not None and entry["final_at"] is None:
+                logger.warning("worker %s is back (heartbeat again)", entry["worker"] or client.id)
+                entry.setdefault("missing_periods", []).append([entry["missing_at"], time.time()])
+                entry["missing_at"] = None
+                changed = True
+        if changed and self.on_change is not None:
+            self.on_change()
+
+    def _watch_loop(self) -> None:
+        while True:
+            gevent.sleep(0.5)
+            self._poll()
+
+    def _file(self, run_dir: Path, worker: str):
+        path = run_dir / RECORDS_DIR / RECEIVED_DIR / f"{worker}.jsonl"
+        f = self._files.get(path)
+        if f is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            f = self._files[path] = open(path, "ab", buffering=0)
+        return f
+
+    def _on_records(self, environment, msg, **_kw) -> None:
+        data = msg.data
+        run_dir = Path(data["run_dir"])
+        self._file(run_dir, data["worker"]).write(data["lines"])
+        if self.run_dir is not None and run_dir == self.run_dir:
+            entry = self._entry(msg.node_id)
+            entry["worker"] = data["worker"]
+            entry["records_received"] += data["lines"].count(b"\n")
+        else:
+            logger.warning(
+                "records from worker %s arrived after %s was merged; `python -m analysis report %s` includes them",
+                data["worker"],
+                run_dir,
+                run_dir,
+            )
+
+    def _on_final(self, environment, msg, **_kw) -> None:
+        data = msg.data
+        if self.run_dir is None or Path(data["run_dir"]) != self.run_dir:
+            return
+        entry = self._entry(msg.node_id)
+        entry["worker"] = data["worker"]
+        entry["records_reported"] = int(data["records"])
+        entry["final_at"] = time.time()
+
+    # --- at the end -----------------------------------------------------------------------------------
+    def finish(self, stop_timeout: float) -> list[dict]:
+        """Ask every worker to stop, wait for their final messages (bounded), and return the worker list."""
+        self._poll()
+        asked: set[str] = set()
+        deadline = time.monotonic() + stop_timeout + FINAL_GRACE_S
+        pending = self._pending()
+        while pending and time.monotonic() < deadline:
+            for client_id in self._live(pending) - asked:
+                asked.add(client_id)
+                try:
+                    self.environment.runner.send_message(STOP_MESSAGE, None, client_id=client_id)
+                except Exception as e:
+                    logger.warning("cannot ask worker %s to stop: %s", client_id, e)
+            gevent.sleep(0.1)
+            self._poll()
+            pending = self._pending()
+        if self._watch is not None:
+            self._watch.kill(block=False)
+            self._watch = None
+        for client_id in pending:
+            entry = self.workers[client_id]
+            logger.warning(
+                "worker %s sent no final message (%s); merging what arrived",
+                entry["worker"] or client_id,
+                "missing" if entry["missing_at"] is not None else f"not within --stop-timeout + {FINAL_GRACE_S:.0f} s",
+            )
+        for entry in self.workers.values():
+            reported = entry["records_reported"]
+            if reported is not None and reported != entry["records_received"]:
+                logger.warning(
+                    "worker %s wrote %d records but %d reached the master; its own file in the run directory on "
+                    "its host has all of them",
+                    entry["worker"],
+                    reported,
+                    entry["records_received"],
+                )
+        self.close_files()
+        self.run_dir = None
+        return sorted(self.workers.values(), key=lambda e: e["connected_at"])
+
+    def _live(self, client_ids: list[str]) -> set[str]:
+        states = {c.id: c.state for c in self.environment.runner.clients.all}
+        return {cid for cid in client_ids if cid in states and states[cid] != STATE_MISSING}
+
+    def _pending(self) -> list[str]:
+        """Workers whose final message is still to come: live ones, and missing ones for MISSING_GRACE_S (a worker
+        starved of CPU misses heartbeats but comes back; a dead one does not)."""
+        now = time.time()
+        return [
+            cid
+            for cid, e in self.workers.items()
+            if e["final_at"] is None and (e["missing_at"] is None or now - e["missing_at"] < MISSING_GRACE_S)
+        ]
+
+    def close_files(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files = {}
+
+
+def register_worker_stop(environment) -> None:
+    """Worker side: the master's STOP_MESSAGE stops this worker's users (concurrently: stopping waits for
+    in-flight streams up to --stop-timeout, and the message loop must keep answering meanwhile)."""
+
+    def on_stop(environment, msg, **_kw) -> None:
+        environment.runner.stop()
+
+    environment.runner.register_message(STOP_MESSAGE, on_stop, concurrent=True)
+
+
+def is_worker(environment) -> bool:
+    return isinstance(environment.runner, WorkerRunner)
+
+
+def is_master(environment) -> bool:
+    return isinstance(environment.runner, MasterRunner)

@@ -1,0 +1,156 @@
+"""Master/worker runs against the fake server: exact merged results from 1 process or 4, and a worker killed
+mid-run (the same against the real vLLM lives in tests/integration/test_distributed_vllm.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.records import RECEIVED_DIR, RECORDS_DIR, merge_records
+from tests.conftest import ROOT
+from tests.test_headless import LOCUSTFILE, locust
+
+STEPPED = ["--steps", "2,4,8", "--step-duration", "3s", "--step-warmup", "0s", "--max-tokens", "16"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_truth(server) -> pd.DataFrame:
+    """Per request id, the tokens the server streamed to completion."""
+    truth = server.get("/truth")
+    return pd.DataFrame({"request_id": list(truth), "server_tokens": [t["tokens"] for t in truth.values()]})
+
+
+def per_step_against_server(run_dir: Path, server) -> pd.DataFrame:
+    """Per step: the client's ok requests and tokens, and the server's for the same request ids."""
+    records = pd.read_parquet(run_dir / "requests.parquet")
+    assert not records["request_id"].duplicated().any()
+    ok = records[records["status"] == "ok"].merge(server_truth(server), on="request_id", how="outer", indicator=True)
+    assert (ok["_merge"] == "both").all(), ok[ok["_merge"] != "both"]  # every completion on both sides, once
+    return ok.groupby("step").agg(
+        requests=("request_id", "size"), tokens=("output_tokens", "sum"), server_tokens=("server_tokens", "sum")
+    )
+
+
+def test_four_processes_give_the_same_exact_results_as_one(fake_server, tmp_path):
+    tables = {}
+    for processes in (1, 4):
+        server = fake_server("--ttft-ms", "20", "--itl-ms", "5")
+        run_dir = tmp_path / f"p{processes}"
+        extra = ["--processes", str(processes)] if processes > 1 else []
+        proc = locust("--host", server.url, *STEPPED, "--stop-timeout", "10", *extra, "--run-dir", str(run_dir))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        table = per_step_against_server(run_dir, server)
+        assert (table["tokens"] == table["server_tokens"]).all()
+        assert table["requests"].sum() == server.get("/stats")["ok"]
+        steps = pd.read_csv(run_dir / "steps.csv")
+        assert list(steps["users"]) == [2, 4, 8] and steps["cut_off"].sum() + steps["requests"].sum() > 0
+        tables[processes] = table
+        records = pd.read_parquet(run_dir / "requests.parquet")
+        run = json.loads((run_dir / "run.json").read_text())
+        if processes == 4:
+            assert records["worker"].nunique() == 4  # every worker contributed
+            assert len(run["workers"]) == 4
+            for w in run["workers"]:
+                assert w["records_reported"] == w["records_received"] > 0 and w["missing_at"] is None
+            # The master's copies alone are complete: a run with workers on other hosts has only those.
+            for local in (run_dir / RECORDS_DIR).glob("*.jsonl"):
+                local.unlink()
+            only_received = merge_records(run_dir, write=False)
+            assert set(only_received["request_id"]) == set(records["request_id"])
+            assert (run_dir / RECORDS_DIR / RECEIVED_DIR).is_dir()
+    # Both runs measured every step (how many requests fit in a step depends on the machine's load: not compared).
+    for processes, table in tables.items():
+        assert list(table.index) == [0, 1, 2] and (table["requests"] > 0).all(), (processes, table)
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "locust", "-f", LOCUSTFILE, *args],
+        cwd=ROOT,
+        stdout=open(log, "w"),  # the child keeps the descriptor; the parent exits the test soon
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def test_a_worker_killed_mid_run_loses_nothing_already_recorded(fake_server, tmp_path):
+    server = fake_server("--ttft-ms", "20", "--itl-ms", "5")
+    port = free_port()
+    run_dir = tmp_path / "run"
+    master = start(
+        [
+            "--master",
+            "--headless",
+            "--expect-workers",
+            "2",
+            "--master-bind-host",
+            "127.0.0.1",
+            "--master-bind-port",
+            str(port),
+            "--host",
+            server.url,
+            "--steps",
+            "4,8",
+            "--step-duration",
+            "8s",
+            "--step-warmup",
+            "0s",
+            "--max-tokens",
+            "16",
+            "--stop-timeout",
+            "10",
+            "--run-dir",
+            str(run_dir),
+        ],
+        tmp_path / "master.log",
+    )
+    workers = [
+        start(["--worker", "--master-host", "127.0.0.1", "--master-port", str(port)], tmp_path / f"worker{i}.log")
+        for i in range(2)
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        victim_file = run_dir / RECORDS_DIR / f"{socket.gethostname()}-{workers[1].pid}.jsonl"
+        while time.monotonic() < deadline and not (victim_file.exists() and victim_file.stat().st_size > 0):
+            time.sleep(0.2)
+        time.sleep(2)
+        os.kill(workers[1].pid, signal.SIGKILL)
+        killed_at = time.time()
+        assert master.wait(120) in (0, 1)
+        workers[0].wait(30)
+    finally:
+        for p in (master, *workers):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    log = (tmp_path / "master.log").read_text()
+    victim = f"{socket.gethostname()}-{workers[1].pid}"
+    survivor = f"{socket.gethostname()}-{workers[0].pid}"
+    records = pd.read_parquet(run_dir / "requests.parquet")
+    # Everything the dead worker had written before it died is in the merged result, exactly once.
+    written = pd.read_json(victim_file, lines=True)
+    assert set(written["request_id"]) <= set(records["request_id"])
+    assert not records["request_id"].duplicated().any()
+    assert {victim, survivor} <= set(records["worker"])
+    # The survivor carried on alone, and every request the server completed is in the records.
+    assert (records[records["worker"] == survivor]["start_time"] > killed_at + 1).any()
+    table = per_step_against_server(run_dir, server)
+    assert (table["tokens"] == table["server_tokens"]).all()
+    run = json.loads((run_dir / "run.json").read_text())
+    entry = next(w for w in run["workers"] if w["worker"] == victim)
+    assert entry["missing_at"] is not None and killed_at < entry["missing_at"] < killed_at + 15
+    assert f"Worker {victim} went missing" in log
+    assert f"Worker {victim} went missing" in (run_dir / "report.html").read_text()
