@@ -126,6 +126,25 @@ class ServerSettings:
     startup_timeout_s: float = 420.0
 
 
+SERVER_AUTOGROUP_NICE = 10
+
+
+def lower_priority(pid: int) -> int | None:
+    """Give the server's session (its own scheduler autogroup) a lower CPU weight; the nice value, or None.
+
+    vLLM's engine core spins on sched_yield() between steps (shm_broadcast's busy loop). On a 2-core machine, with
+    Linux's sched_autogroup, that starved the load generator in another autogroup of CPU for up to 2.7 s at a
+    time: at 4 users the client read whole 256-token streams in one burst (client TTFT p95 1.9-2.8 s while vLLM's
+    own TTFT was 30-46 ms; a packet capture showed the server sending on time). With the server's autogroup at
+    nice 10: client TTFT p50 44 ms, p95 62 ms, client-minus-server gap 11 ms. Raising a nice value needs no root.
+    """
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(SERVER_AUTOGROUP_NICE))
+        return SERVER_AUTOGROUP_NICE
+    except OSError:  # no autogroup support (kernel option off): the scheduler treats processes alike anyway
+        return None
+
+
 class EmbeddedVLLM:
     """Start, wait for, describe and always stop one vLLM CPU server process (and its children)."""
 
@@ -138,6 +157,7 @@ class EmbeddedVLLM:
         self.log = self.cache / f"server-{self.port}.log"
         self.python: Path | None = None
         self.model_dir: Path | None = None
+        self.autogroup_nice: int | None = None
 
     def command(self) -> list[str]:
         s = self.settings
@@ -174,6 +194,7 @@ class EmbeddedVLLM:
             self.proc = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
+        self.autogroup_nice = lower_priority(self.proc.pid)
         atexit.register(self.stop)
         print(f"Starting vLLM on {self.url} (log: {self.log})", flush=True)
         try:
@@ -237,6 +258,7 @@ class EmbeddedVLLM:
             "command": self.command() if self.python else None,
             "model": model_info,
             "env": {"VLLM_CPU_KVCACHE_SPACE": str(self.settings.kv_cache_space_gib)},
+            "autogroup_nice": self.autogroup_nice,  # see lower_priority()
         }
 
     def __enter__(self) -> EmbeddedVLLM:

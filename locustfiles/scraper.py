@@ -40,6 +40,9 @@ class MetricsScraper:
         t = time.time()
         try:
             response = self._client.get(self.url.request_uri)
+            # Stamped when the answer arrived: a busy server renders its metrics well after the request was sent
+            # (hundreds of ms at saturation), and the counters belong to that later moment.
+            t = time.time()
             body = response.read()
             if response.status_code != 200:
                 raise ValueError(f"HTTP {response.status_code}")

@@ -116,7 +116,8 @@ def vllm_server():
     """One real vLLM (CPU build, tiny model) for the whole session; installed on first use, always stopped."""
     from embedded_vllm import EmbeddedVLLM, ServerSettings
 
-    server = EmbeddedVLLM(ServerSettings(num_blocks=128, block_size=32, max_model_len=512, max_num_seqs=32))
+    # max_num_seqs above what the 128-block cache holds, so the cache, not the batch-size cap, binds under load.
+    server = EmbeddedVLLM(ServerSettings(num_blocks=128, block_size=32, max_model_len=512, max_num_seqs=64))
     server.start()
     try:
         yield server

@@ -1,0 +1,99 @@
+"""Master + 2 worker processes on loopback against the real vLLM: merged totals equal the server's counters, no
+duplicates, both workers contribute; and the same with one worker SIGKILLed mid-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+
+import pandas as pd
+import pytest
+
+from analysis.records import RECORDS_DIR
+from tests.integration.test_real_vllm import finished_counts
+from tests.test_distributed import free_port, start
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.mark.parametrize("kill_one", [False, True], ids=["two-workers", "one-worker-killed"])
+def test_master_and_two_workers_against_vllm(vllm_server, tmp_path, kill_one):
+    before = finished_counts(vllm_server.url)
+    port = free_port()
+    run_dir = tmp_path / "run"
+    master = start(
+        [
+            "--master",
+            "--headless",
+            "--expect-workers",
+            "2",
+            "--master-bind-host",
+            "127.0.0.1",
+            "--master-bind-port",
+            str(port),
+            "--host",
+            vllm_server.url,
+            "--steps",
+            "2,8",
+            "--step-duration",
+            "10s",
+            "--step-warmup",
+            "2s",
+            "--max-tokens",
+            "48",
+            "--ignore-eos",
+            "--stop-timeout",
+            "60",
+            "--run-dir",
+            str(run_dir),
+        ],
+        tmp_path / "master.log",
+    )
+    workers = [
+        start(["--worker", "--master-host", "127.0.0.1", "--master-port", str(port)], tmp_path / f"worker{i}.log")
+        for i in range(2)
+    ]
+    host = socket.gethostname()
+    victim_file = run_dir / RECORDS_DIR / f"{host}-{workers[1].pid}.jsonl"
+    try:
+        if kill_one:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not (victim_file.exists() and victim_file.stat().st_size > 0):
+                time.sleep(0.2)
+            time.sleep(3)
+            os.kill(workers[1].pid, signal.SIGKILL)
+        assert master.wait(240) == 0, (tmp_path / "master.log").read_text()[-3000:]
+        workers[0].wait(30)
+    finally:
+        for p in (master, *workers):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    after = finished_counts(vllm_server.url)
+    records = pd.read_parquet(run_dir / "requests.parquet")
+    assert not records["request_id"].duplicated().any()
+    names = {f"{host}-{w.pid}" for w in workers}
+    assert set(records["worker"]) == names  # both workers contributed
+    ok = records[records["status"] == "ok"]
+    server_ok, server_tokens = after[0] - before[0], after[1] - before[1]
+    run = json.loads((run_dir / "run.json").read_text())
+    if not kill_one:
+        assert len(ok) == len(records) == server_ok  # --stop-timeout let every stream finish
+        assert ok["output_tokens"].sum() == server_tokens
+        assert all(w["records_reported"] == w["records_received"] for w in run["workers"])
+    else:
+        # Everything the dead worker had recorded is kept; the survivor ran on and finished its streams.
+        written = pd.read_json(victim_file, lines=True)
+        assert set(written["request_id"]) <= set(records["request_id"])
+        victim = f"{host}-{workers[1].pid}"
+        survivor = records[records["worker"] != victim]
+        assert (survivor["status"] == "ok").all() and (survivor["step"] == 1).any()
+        # The server may have finished a few streams the dead worker never read: at most one per user it had.
+        assert 0 <= server_ok - len(ok) <= 4
+        assert (ok["output_tokens"] == 48).all()
+        entry = next(w for w in run["workers"] if w["worker"] == victim)
+        assert entry["missing_at"] is not None
+        assert f"Worker {victim} went missing" in (run_dir / "report.html").read_text()
