@@ -126,6 +126,8 @@ class Handler(socketserver.StreamRequestHandler):
         state: State = self.server.state
         if method == "GET" and path == "/v1/models":
             return self.send_json(200, {"object": "list", "data": [{"id": cfg.model, "object": "model"}]})
+        if method == "GET" and path == "/health":
+            return self.send_json(200, {})
         if method == "GET" and path == "/stats":
             with state.lock:
                 return self.send_json(
