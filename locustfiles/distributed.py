@@ -109,11 +109,19 @@ class WorkerLedger:
                 "records_received": 0,
                 "records_reported": None,
                 "final_at": None,
+                "left_at": None,
             },
         )
 
     def _poll(self) -> None:
         changed = False
+        present = {client.id for client in self.environment.runner.clients.all}
+        for client_id, entry in self.workers.items():
+            if client_id not in present and entry["final_at"] is None and entry.get("left_at") is None:
+                # It quit (Ctrl-C on its host, or Locust dropped it after a long silence): nothing more will come.
+                entry["left_at"] = time.time()
+                changed = True
+                logger.warning("worker %s left without its final message", entry["worker"] or client_id)
         for client in self.environment.runner.clients.all:
             known = client.id in self.workers
             entry = self._entry(client.id)
@@ -223,7 +231,9 @@ class WorkerLedger:
         return [
             cid
             for cid, e in self.workers.items()
-            if e["final_at"] is None and (e["missing_at"] is None or now - e["missing_at"] < MISSING_GRACE_S)
+            if e["final_at"] is None
+            and e.get("left_at") is None
+            and (e["missing_at"] is None or now - e["missing_at"] < MISSING_GRACE_S)
         ]
 
     def close_files(self) -> None:
@@ -240,6 +250,14 @@ def register_worker_stop(environment) -> None:
         environment.runner.stop()
 
     environment.runner.register_message(STOP_MESSAGE, on_stop, concurrent=True)
+
+    def on_quitting(environment, **_kw) -> None:
+        # `quitting` fires in reverse order, so this runs before Locust's own listener tells the master that this
+        # worker quit (after which the master forgets it): stop first, so the last records and the final message
+        # (sent from test_stop) reach the master before the worker is gone.
+        environment.runner.stop()
+
+    environment.events.quitting.add_listener(on_quitting)
 
 
 def is_worker(environment) -> bool:

@@ -362,7 +362,8 @@ def apply_users_shortcut(options) -> str | None:
 
 def _on_init(environment, **_kw) -> None:
     options = environment.parsed_options
-    if options is not None and not isinstance(environment.runner, WorkerRunner):
+    if options is not None:
+        # Workers too: Ctrl-C in a terminal reaches every process of a --processes run.
         _deliver_signals_to_the_main_greenlet()
     if options is not None and options.headless and not isinstance(environment.runner, WorkerRunner):
         message = apply_users_shortcut(options)

@@ -154,3 +154,38 @@ def test_a_worker_killed_mid_run_loses_nothing_already_recorded(fake_server, tmp
     assert entry["missing_at"] is not None and killed_at < entry["missing_at"] < killed_at + 15
     assert f"Worker {victim} went missing" in log
     assert f"Worker {victim} went missing" in (run_dir / "report.html").read_text()
+
+
+def test_ctrl_c_on_a_processes_run_keeps_every_record_of_every_worker(fake_server, tmp_path):
+    """Ctrl-C in a terminal reaches the master and every worker of `--processes`: each worker stops, ships its last
+    records (the cut-off ones included) and its final message before it quits, and the master merges them all."""
+    server = fake_server("--ttft-ms", "20", "--itl-ms", "5")
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "locust", "-f", LOCUSTFILE, "--headless", "--host", server.url, "--processes", "2",
+         "--steps", "4", "--step-duration", "60s", "--step-warmup", "0s", "--max-tokens", "64",
+         "--run-dir", str(run_dir)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(list((run_dir / RECORDS_DIR).glob("*.jsonl"))) < 2:
+            time.sleep(0.2)
+        time.sleep(3)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)  # a bound against a hang, not a speed claim
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert "sent no final message" not in out and "left without" not in out, out[-3000:]
+    local = {p.name: pd.read_json(p, lines=True) for p in (run_dir / RECORDS_DIR).glob("*.jsonl")}
+    received = {p.name: pd.read_json(p, lines=True) for p in (run_dir / RECORDS_DIR / RECEIVED_DIR).glob("*.jsonl")}
+    assert len(local) == 2 and local.keys() == received.keys()
+    for name in local:  # everything a worker wrote also reached the master
+        assert set(local[name]["request_id"]) == set(received[name]["request_id"])
+    records = pd.read_parquet(run_dir / "requests.parquet")
+    assert len(records) == sum(len(f) for f in local.values())
+    assert (records["error_type"] == "cut_off").sum() > 0  # the streams the interrupt cut are recorded too
+    ok, truth = set(records.loc[records["status"] == "ok", "request_id"]), set(server.get("/truth"))
+    assert ok <= truth and len(truth - ok) <= 4  # at most one stream per user ended on the server as it was cut
