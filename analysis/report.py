@@ -247,12 +247,44 @@ def _workers_html(workers: list[dict], started_at: float | None) -> str:
     return f"<h2>Workers</h2><ul>{notes}</ul><table>{head}{rows}</table>"
 
 
-def build_report(run_dir: Path, compare: list[Path] | None = None) -> str:
+def build_report_so_far(run_dir: Path, timeline: list[dict] | None = None) -> str:
+    """report.html of a run still in progress, from its raw files, without writing anything into its directory."""
+    import time
+
+    from analysis.records import merge_records
+    from analysis.run import compute_table
+    from analysis.server_metrics import SCRAPES_FILE, merge_scrapes
+    from analysis.steps import timeline_from_records
+
     run_dir = Path(run_dir)
-    records = load_records(run_dir)
-    table = pd.read_csv(run_dir / STEPS_FILE)
+    records = merge_records(run_dir, write=False)
     run = read_run(run_dir)
-    metrics = load_metrics(run_dir)
+    now = time.time()
+    timeline = [dict(t) for t in (timeline or run.get("timeline") or timeline_from_records(records))]
+    for step in timeline:
+        if step.get("end_time") is None:
+            step["end_time"] = now
+    run["timeline"] = timeline
+    metrics = merge_scrapes(run_dir, write=False) if (run_dir / SCRAPES_FILE).exists() else load_metrics(run_dir)
+    table = compute_table(records, timeline, metrics)
+    return build_report(run_dir, records=records, table=table, metrics=metrics, run=run)
+
+
+def build_report(
+    run_dir: Path,
+    compare: list[Path] | None = None,
+    *,
+    records: pd.DataFrame | None = None,
+    table: pd.DataFrame | None = None,
+    metrics: pd.DataFrame | None = None,
+    run: dict | None = None,
+) -> str:
+    """report.html from the run directory's files (or from data already in memory)."""
+    run_dir = Path(run_dir)
+    records = load_records(run_dir) if records is None else records
+    table = pd.read_csv(run_dir / STEPS_FILE) if table is None else table
+    run = read_run(run_dir) if run is None else run
+    metrics = load_metrics(run_dir) if metrics is None else metrics
     diag = diagnose(table)
     tables = {run_dir.name: table}
     for other in compare or []:

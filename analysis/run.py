@@ -31,16 +31,23 @@ def write_run(run_dir: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def compute_table(records: pd.DataFrame, timeline: list[dict], metrics: pd.DataFrame | None) -> pd.DataFrame:
+    """The step table joined with the server's series in each step's window."""
+    table = step_table(records, timeline)
+    if metrics is not None:
+        models = records["model"].dropna().unique() if "model" in records.columns else []
+        model = str(models[0]) if len(models) == 1 else None
+        server = step_server_table(metrics, timeline, model=model, records=records)
+        table = table.merge(server, on="step", how="left")
+    return table
+
+
 def finalize(run_dir: Path) -> pd.DataFrame:
     """Merge records and scrapes into requests.parquet and metrics.parquet, write steps.csv; return the table."""
     run_dir = Path(run_dir)
     records = merge_records(run_dir)
     timeline = read_run(run_dir).get("timeline") or timeline_from_records(records)
-    table = step_table(records, timeline)
     metrics = merge_scrapes(run_dir) if (run_dir / SCRAPES_FILE).exists() else load_metrics(run_dir)
-    if metrics is not None:
-        models = records["model"].dropna().unique()
-        server = step_server_table(metrics, timeline, model=models[0] if len(models) == 1 else None, records=records)
-        table = table.merge(server, on="step", how="left")
+    table = compute_table(records, timeline, metrics)
     table.to_csv(run_dir / STEPS_FILE, index=False)
     return table

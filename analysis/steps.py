@@ -73,27 +73,9 @@ def timeline_from_records(records: pd.DataFrame) -> list[dict]:
     return out
 
 
-def step_table(records: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
-    """Per-step table: latency stats over ok requests started after the step's warm-up; tok/s over its window."""
-    if not timeline:
-        timeline = timeline_from_records(records)
-    end_time = records["start_time"] + records["e2e_s"]
-    # Requests still in flight when the load generator began to stop are not measured: the stop itself
-    # blocks Locust's event loop (for ~90 ms in Locust 2.47), which would delay their last timestamps.
-    stop_time = max((float(t["end_time"]) for t in timeline if t.get("end_time") is not None), default=math.inf)
-    finished = records["start_time"] + records["duration_s"].fillna(math.inf)
-    in_flight_at_stop = (finished > stop_time) | (records["error_type"] == CUT_OFF)
-    rows = []
-    for step in timeline:
-        s = int(step["step"])
-        in_step = records[(records["step"] == s) & ~records["warmup"].astype(bool)]
-        cut = in_flight_at_stop[in_step.index]
-        ok = in_step[(in_step["status"] == "ok") & ~cut]
-        failed = in_step[(in_step["status"] != "ok") & ~cut]
-        window_start, window_end = float(step["measure_start"]), float(step["end_time"] or stop_time)
-        window_s = window_end - window_start
-        done_in_window = records[(records["status"] == "ok") & (end_time >= window_start) & (end_time < window_end)]
-        tokens = int(done_in_window["output_tokens"].sum())
+def _summarize(ok: pd.DataFrame, errors: int, cut_off: int, tokens: int, window_s: float) -> dict:
+    """The measured columns of one row, from its ok requests and the tokens completed in its window."""
+    if "chunk_offsets_s" in ok.columns:
         itl = np.array(
             [
                 x
@@ -102,32 +84,78 @@ def step_table(records: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
             ],
             dtype=float,
         )
-        per_req = [glossary.per_request_tok_s(n, e) for n, e in zip(ok["output_tokens"], ok["e2e_s"])]
-        agg = glossary.aggregate_tok_s(tokens, window_s)
-        rows.append(
-            {
-                "step": s,
-                "users": int(step["users"]),
-                "window_s": window_s,
-                "requests": len(ok),
-                "errors": len(failed),
-                "cut_off": int(cut.sum()),
-                "output_tokens": tokens,
-                "aggregate_tok_s": math.nan if agg is None else agg,
-                "per_request_tok_s_mean": _mean(pd.Series(per_req, dtype=float)),
-                "ttft_p50_s": percentile(ok["ttft_s"], 50),
-                "ttft_p95_s": percentile(ok["ttft_s"], 95),
-                "ttft_p99_s": percentile(ok["ttft_s"], 99),
-                "ttft_mean_s": _mean(ok["ttft_s"]),
-                "tpot_p50_s": percentile(ok["tpot_s"].astype(float), 50),
-                "tpot_p95_s": percentile(ok["tpot_s"].astype(float), 95),
-                "tpot_p99_s": percentile(ok["tpot_s"].astype(float), 99),
-                "itl_p50_s": percentile(itl, 50),
-                "itl_p99_s": percentile(itl, 99),
-                "e2e_mean_s": _mean(ok["e2e_s"]),
-            }
-        )
+    else:  # the live view keeps no per-chunk lists
+        itl = np.array([], dtype=float)
+    per_req = [glossary.per_request_tok_s(n, e) for n, e in zip(ok["output_tokens"], ok["e2e_s"])]
+    agg = glossary.aggregate_tok_s(tokens, window_s)
+    tpot = ok["tpot_s"].astype(float)
+    return {
+        "window_s": window_s,
+        "requests": len(ok),
+        "errors": errors,
+        "cut_off": cut_off,
+        "output_tokens": tokens,
+        "aggregate_tok_s": math.nan if agg is None else agg,
+        "per_request_tok_s_mean": _mean(pd.Series(per_req, dtype=float)),
+        "ttft_p50_s": percentile(ok["ttft_s"], 50),
+        "ttft_p95_s": percentile(ok["ttft_s"], 95),
+        "ttft_p99_s": percentile(ok["ttft_s"], 99),
+        "ttft_mean_s": _mean(ok["ttft_s"]),
+        "tpot_p50_s": percentile(tpot, 50),
+        "tpot_p95_s": percentile(tpot, 95),
+        "tpot_p99_s": percentile(tpot, 99),
+        "itl_p50_s": percentile(itl, 50),
+        "itl_p99_s": percentile(itl, 99),
+        "e2e_mean_s": _mean(ok["e2e_s"]),
+    }
+
+
+def _split(records: pd.DataFrame, timeline: list[dict]) -> tuple[pd.Series, pd.Series, float]:
+    """(measured: started after its step's warm-up, in flight when the load generator began to stop, stop time)."""
+    # Requests still in flight when the load generator began to stop are not measured: the stop itself
+    # blocks Locust's event loop (for ~90 ms in Locust 2.47), which would delay their last timestamps.
+    stop_time = max((float(t["end_time"]) for t in timeline if t.get("end_time") is not None), default=math.inf)
+    finished = records["start_time"] + records["duration_s"].fillna(math.inf)
+    in_flight_at_stop = (finished > stop_time) | (records["error_type"] == CUT_OFF)
+    return ~records["warmup"].astype(bool), in_flight_at_stop, stop_time
+
+
+def step_table(records: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
+    """Per-step table: latency stats over ok requests started after the step's warm-up; tok/s over its window."""
+    if not timeline:
+        timeline = timeline_from_records(records)
+    end_time = records["start_time"] + records["e2e_s"]
+    measured, cut, stop_time = _split(records, timeline)
+    rows = []
+    for step in timeline:
+        s = int(step["step"])
+        in_step = (records["step"] == s) & measured
+        ok = records[in_step & (records["status"] == "ok") & ~cut]
+        errors = int((in_step & (records["status"] != "ok") & ~cut).sum())
+        window_start, window_end = float(step["measure_start"]), float(step["end_time"] or stop_time)
+        done = (records["status"] == "ok") & (end_time >= window_start) & (end_time < window_end)
+        tokens = int(records.loc[done, "output_tokens"].sum())
+        row = {"step": s, "users": int(step["users"])}
+        row.update(_summarize(ok, errors, int((in_step & cut).sum()), tokens, window_end - window_start))
+        rows.append(row)
     return pd.DataFrame(rows, columns=STEP_COLUMNS)
+
+
+def run_row(records: pd.DataFrame, timeline: list[dict]) -> dict:
+    """The whole run as one row: every step's measured requests, tok/s over the sum of the measured windows."""
+    measured, cut, stop_time = _split(records, timeline)
+    end_time = records["start_time"] + records["e2e_s"]
+    ok = records[measured & (records["status"] == "ok") & ~cut]
+    errors = int((measured & (records["status"] != "ok") & ~cut).sum())
+    tokens, window_s = 0, 0.0
+    for step in timeline:
+        window_start, window_end = float(step["measure_start"]), float(step["end_time"] or stop_time)
+        done = (records["status"] == "ok") & (end_time >= window_start) & (end_time < window_end)
+        tokens += int(records.loc[done, "output_tokens"].sum())
+        window_s += max(window_end - window_start, 0.0)
+    row = {"step": "all", "users": max((int(t["users"]) for t in timeline), default=0)}
+    row.update(_summarize(ok, errors, int((measured & cut).sum()), tokens, window_s))
+    return row
 
 
 def format_table(table: pd.DataFrame) -> str:

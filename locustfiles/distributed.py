@@ -79,9 +79,10 @@ class WorkerLedger:
     """Master side: writes the records workers ship, tracks each worker's connection, disappearance and final
     message, and waits for the finals at the end of a run."""
 
-    def __init__(self, environment, on_change=None) -> None:
+    def __init__(self, environment, on_change=None, on_lines=None) -> None:
         self.environment = environment
         self.on_change = on_change
+        self.on_lines = on_lines  # called with every batch of record lines of the current run (the live view)
         self.run_dir: Path | None = None
         self.workers: dict[str, dict] = {}  # Locust client id -> what we know of it
         self._files: dict[Path, object] = {}
@@ -162,6 +163,8 @@ class WorkerLedger:
             entry = self._entry(msg.node_id)
             entry["worker"] = data["worker"]
             entry["records_received"] += data["lines"].count(b"\n")
+            if self.on_lines is not None:
+                self.on_lines(data["lines"])
         else:
             logger.warning(
                 "records from worker %s arrived after %s was merged; `python -m analysis report %s` includes them",

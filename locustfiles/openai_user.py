@@ -10,7 +10,6 @@ fires exactly one Locust request event per stream with the end-to-end time and a
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 
@@ -32,6 +31,7 @@ from analysis.sse import (
     ParsedStream,
     StreamParser,
 )
+from locustfiles import options as options_mod
 from locustfiles.options import ENDPOINTS
 
 MAX_ERROR_BODY = 64 * 1024  # bytes of a non-200 body kept to extract the server's message
@@ -113,7 +113,7 @@ class OpenAIStreamingUser(User):
             # #824/#1637): a request that arrives before the server has finished the previous response is closed
             # 5 s later without an answer. Seen here 13 times in one demo run; a loopback connect costs ~0.1 ms.
             self.headers["Connection"] = "close"
-        api_key = os.environ.get(opts.api_key_env or "OPENAI_API_KEY")
+        api_key = options_mod.api_key(opts)
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
         self.http = HTTPClient.from_url(

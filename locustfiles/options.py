@@ -7,6 +7,7 @@ Each one is settable on the command line, in `locust.conf`, in `pyproject.toml [
 from __future__ import annotations
 
 import argparse
+import os
 
 from locust.util.timespan import parse_timespan
 
@@ -14,6 +15,11 @@ DEFAULT_PROMPT = "Explica en detalle cómo funciona la fotosíntesis."
 DEFAULT_STEPS = "1,2,4,8,16,32,64"
 DEFAULT_STEP_DURATION = "30s"
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+def api_key(options) -> str | None:
+    """--api-key, else the environment variable named by --api-key-env; None when neither is set."""
+    return getattr(options, "api_key", "") or os.environ.get(options.api_key_env or "OPENAI_API_KEY") or None
 
 
 def add_arguments(parser) -> None:
@@ -58,6 +64,13 @@ def add_arguments(parser) -> None:
         default=600.0,
         env_var="LOCUST_READ_TIMEOUT",
         help="Seconds to wait for any bytes from the server (a queued request may wait minutes for its first token)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default="",
+        env_var="LOCUST_API_KEY",
+        is_secret=True,  # a password field in the web UI's start form
+        help="API key sent as a Bearer token (masked in the web UI, never saved). Default: the --api-key-env variable",
     )
     parser.add_argument(
         "--api-key-env",

@@ -32,6 +32,8 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from analysis import __version__ as SUITE_VERSION
 from analysis.diagnosis import diagnose, worker_lines
+from analysis.live import FIELDS as LIVE_FIELDS
+from analysis.live import LiveRecords, live_table
 from analysis.records import RECORDS_DIR, RecordWriter, RequestRecord
 from analysis.run import STEPS_FILE, finalize, write_run
 from analysis.steps import format_table
@@ -113,8 +115,18 @@ class RunContext:
         self.shipper: RecordShipper | None = None
         self.workers: list[dict] = []
         self.ledger: WorkerLedger | None = None
+        # The live view (web UI only): the finished requests of the current run, and the last run's final numbers.
+        self.live_enabled = getattr(environment, "web_ui", None) is not None and self.is_controller
+        self.live = LiveRecords()
+        self.last_live: tuple | None = None
+        self.last_run_dir: Path | None = None
+        self.tab = None  # the web UI's LLM tab (locustfiles/webui.py), when there is a web UI
         if isinstance(environment.runner, MasterRunner):
-            self.ledger = WorkerLedger(environment, on_change=self._workers_changed)
+            self.ledger = WorkerLedger(
+                environment,
+                on_change=self._workers_changed,
+                on_lines=self.live.add_lines if self.live_enabled else None,
+            )
         elif isinstance(environment.runner, WorkerRunner):
             register_worker_stop(environment)
 
@@ -138,7 +150,7 @@ class RunContext:
             self._models[host] = result
             try:
                 options = self.environment.parsed_options
-                result.set(discover_model(host, options.read_timeout, os.environ.get(options.api_key_env or "")))
+                result.set(discover_model(host, options.read_timeout, opts_mod.api_key(options)))
             except SetupError as e:
                 result.set_exception(e)
         try:
@@ -186,6 +198,9 @@ class RunContext:
             self.workers = []
             self.ledger.start(self.run_dir)
         if self.is_controller:
+            self.live.reset()
+            self.last_live = None
+        if self.is_controller:
             self.server_version = None
             self._save_timeline(self.tracker.timeline)
             if options.host:
@@ -210,6 +225,9 @@ class RunContext:
         if self.is_controller and self.run_dir is not None:
             self.tracker.end()
             self._save_timeline(self.tracker.timeline, finished=True)
+            if self.live_enabled:
+                self.last_live = live_table(self.live.frame(), self.tracker.timeline, time.time())
+            self.last_run_dir = self.run_dir
             table = finalize(self.run_dir)
             self.last_table = table
             print("\n" + format_table(table), flush=True)
@@ -246,6 +264,8 @@ class RunContext:
             line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
         if self.shipper is not None:
             self.shipper.add(line)
+        if self.live_enabled:
+            self.live.add({f: getattr(record, f) for f in LIVE_FIELDS})
 
     def _workers_changed(self) -> None:
         if self.ledger is not None:
@@ -323,6 +343,10 @@ def register(environment) -> RunContext:
     environment.events.test_start.add_listener(ctx.on_test_start)
     environment.events.test_stop.add_listener(ctx.on_test_stop)
     environment.events.llm_request.add_listener(ctx.on_record)
+    if ctx.live_enabled:
+        from locustfiles.webui import LLMTab
+
+        ctx.tab = LLMTab(environment, ctx)
     return ctx
 
 

@@ -29,6 +29,7 @@ class MetricsScraper:
         self._warned = False
         self.scrapes = 0
         self.gaps = 0
+        self.last_samples: list[tuple[str, dict, float]] | None = None  # the latest successful scrape (live view)
         timeout = max(1.0, min(5.0, interval_s * 2))
         self._client = HTTPClient.from_url(self.url, connection_timeout=timeout, network_timeout=timeout)
 
@@ -48,8 +49,10 @@ class MetricsScraper:
                 raise ValueError(f"HTTP {response.status_code}")
             samples = parse_samples(body.decode("utf-8", errors="replace"), model=self.model)
             line = scrape_line(t, samples)
+            self.last_samples = samples
         except Exception as e:  # any failure is a gap: the load test goes on
             self.gaps += 1
+            self.last_samples = None  # the live view shows the server's numbers as missing, not stale
             line = scrape_line(t, None, f"{type(e).__name__}: {e}")
             if not self._warned:
                 self._warned = True

@@ -48,6 +48,7 @@ class Config:
     stall_s: float = 5.0
     model: str = "fake-model"
     metrics: str = "up"  # "down": /metrics answers 503
+    api_key: str = ""  # when set, completions without "Authorization: Bearer <api_key>" get a 401
 
 
 class State:
@@ -165,6 +166,9 @@ class Handler(socketserver.StreamRequestHandler):
             with state.lock:
                 return self.send_json(200, state.truth)
         if method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
+            key = self.server.config.api_key
+            if key and headers.get("authorization") != f"Bearer {key}":
+                return self.send_json(401, {"error": {"message": "missing or wrong API key", "code": 401}})
             return self.stream(path, headers, json.loads(body or b"{}"), t_recv)
         return self.send_json(404, {"error": {"message": f"no route {method} {path}", "code": 404}})
 
@@ -365,6 +369,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stall-s", type=float, default=5.0)
     p.add_argument("--model", default="fake-model")
     p.add_argument("--metrics", default="up", choices=["up", "down"])
+    p.add_argument("--api-key", default="", help="require this Bearer token on completions")
     a = p.parse_args(argv)
     cfg = Config(
         a.ttft_ms / 1000,
@@ -376,6 +381,7 @@ def main(argv: list[str] | None = None) -> None:
         a.stall_s,
         a.model,
         a.metrics,
+        a.api_key,
     )
     sys.setswitchinterval(0.0002)  # hand the GIL over fast: a waking handler thread must not wait 5 ms
     server = Server((a.host, a.port), cfg)

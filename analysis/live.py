@@ -1,0 +1,88 @@
+"""The run so far, for live views (the web UI's LLM tab): the same step table as the end of the run, computed on
+the records received until now.
+
+Pure: no Locust, no network. The controller (master or local runner) feeds it every finished request.
+"""
+
+from __future__ import annotations
+
+import math
+
+import orjson
+import pandas as pd
+
+from analysis.steps import run_row, step_table
+
+# What the live table needs of a record; the per-chunk lists stay on disk (ITL is in the final report only).
+FIELDS = (
+    "request_id",
+    "step",
+    "users",
+    "warmup",
+    "start_time",
+    "status",
+    "error_type",
+    "duration_s",
+    "ttft_s",
+    "e2e_s",
+    "tpot_s",
+    "output_tokens",
+)
+
+
+class LiveRecords:
+    """Finished requests of the current run, one row per request_id (a worker's copy may arrive twice)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self._columns: dict[str, list] = {f: [] for f in FIELDS}
+        self._seen: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def add(self, record: dict) -> None:
+        request_id = record.get("request_id")
+        if request_id in self._seen:
+            return
+        self._seen.add(request_id)
+        for f in FIELDS:
+            self._columns[f].append(record.get(f))
+
+    def add_lines(self, lines: bytes) -> None:
+        """Records as JSON lines (what workers ship and writers append)."""
+        for line in lines.splitlines():
+            if line.strip():
+                self.add(orjson.loads(line))
+
+    def frame(self) -> pd.DataFrame:
+        df = pd.DataFrame(self._columns, columns=list(FIELDS))
+        for col in ("ttft_s", "e2e_s", "tpot_s", "duration_s", "start_time"):
+            df[col] = pd.to_numeric(df[col], errors="coerce")
+        return df
+
+
+def live_table(records: pd.DataFrame, timeline: list[dict], now: float) -> tuple[pd.DataFrame, dict]:
+    """(the step table so far, the whole run's row): an open step is measured up to `now`."""
+    timeline = [dict(step) for step in timeline]
+    for step in timeline:
+        if step.get("end_time") is None:
+            step["end_time"] = now
+    if not timeline or records.empty:
+        return pd.DataFrame(), {}
+    return step_table(records, timeline), run_row(records, timeline)
+
+
+def latest_gauges(samples: list[tuple[str, dict, float]] | None, model: str | None = None) -> dict[str, float]:
+    """The server's KV-cache usage, running and waiting requests from one scrape (NaN when not scraped)."""
+    from analysis.server_metrics import KV_CACHE, RUNNING, WAITING, counter_total
+
+    if samples is None:
+        return {"kv_cache_usage": math.nan, "running": math.nan, "waiting": math.nan}
+    names = {name for name, _, _ in samples}
+    return {
+        key: counter_total(samples, metric, model) if metric in names else math.nan
+        for key, metric in (("kv_cache_usage", KV_CACHE), ("running", RUNNING), ("waiting", WAITING))
+    }

@@ -1,0 +1,215 @@
+"""The LLM tab in Locust's web UI (master or local runner only): live per-step numbers, and downloads.
+
+Built on Locust's own extension points, no custom React build: `template_args` keys `extended_tabs`,
+`extended_tables` and `extended_csv_files`, and rows injected as `extended_stats` into `/stats/requests`, which
+the UI polls every couple of seconds. The numbers come from `analysis.live`, i.e. the same step table as the
+final report. Cells are plain text: the UI renders them as text, so server-provided strings cannot run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from typing import TYPE_CHECKING
+
+from flask import Response, request
+
+from analysis.live import latest_gauges, live_table
+
+if TYPE_CHECKING:
+    from locustfiles.plugin import RunContext
+
+logger = logging.getLogger("vllm_loadtest.webui")
+
+TAB = "llm"
+REFRESH_MIN_S = 1.0  # the live table is recomputed at most this often, however many browsers poll
+
+COLUMNS = [
+    ("scope", "Scope"),
+    ("step", "Step"),
+    ("users", "Users"),
+    ("requests", "Requests ok"),
+    ("errors", "Errors"),
+    ("aggregate_tok_s", "Aggregate tok/s"),
+    ("per_request_tok_s", "Per-request tok/s"),
+    ("ttft_p50_ms", "TTFT p50 (ms)"),
+    ("ttft_p95_ms", "TTFT p95 (ms)"),
+    ("ttft_p99_ms", "TTFT p99 (ms)"),
+    ("tpot_p50_ms", "TPOT p50 (ms)"),
+    ("tpot_p95_ms", "TPOT p95 (ms)"),
+    ("kv_cache_usage", "KV cache (latest)"),
+    ("running", "Running (latest)"),
+    ("waiting", "Waiting (latest)"),
+]
+
+
+MASK = "********"
+
+
+def _int(v) -> str:
+    try:
+        return str(int(v))
+    except (TypeError, ValueError):
+        return "-" if v is None else str(v)
+
+
+def _num(v, scale: float = 1.0, digits: int = 1) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"  # missing, never 0
+    return f"{v * scale:.{digits}f}"
+
+
+def _row(scope: str, stats: dict, gauges: dict) -> dict:
+    return {
+        "scope": scope,
+        "step": _int(stats.get("step")),
+        "users": _int(stats.get("users")),
+        "requests": _int(stats.get("requests")),
+        "errors": _int(stats.get("errors")),
+        "aggregate_tok_s": _num(stats.get("aggregate_tok_s")),
+        "per_request_tok_s": _num(stats.get("per_request_tok_s_mean")),
+        "ttft_p50_ms": _num(stats.get("ttft_p50_s"), 1000),
+        "ttft_p95_ms": _num(stats.get("ttft_p95_s"), 1000),
+        "ttft_p99_ms": _num(stats.get("ttft_p99_s"), 1000),
+        "tpot_p50_ms": _num(stats.get("tpot_p50_s"), 1000, 2),
+        "tpot_p95_ms": _num(stats.get("tpot_p95_s"), 1000, 2),
+        "kv_cache_usage": "-" if math.isnan(gauges["kv_cache_usage"]) else f"{gauges['kv_cache_usage']:.0%}",
+        "running": _num(gauges["running"], digits=0),
+        "waiting": _num(gauges["waiting"], digits=0),
+    }
+
+
+class LLMTab:
+    def __init__(self, environment, ctx: RunContext) -> None:
+        self.environment = environment
+        self.ctx = ctx
+        self._cache: tuple[float, list[dict]] = (0.0, [])
+        web_ui = environment.web_ui
+        web_ui.template_args["extended_tabs"] = [{"title": "LLM", "key": TAB}]
+        web_ui.template_args["extended_tables"] = [
+            {"key": TAB, "structure": [{"key": k, "title": t} for k, t in COLUMNS]}
+        ]
+        web_ui.template_args["extended_csv_files"] = [
+            {"href": "/llm/requests.parquet", "title": "LLM: raw request records so far (requests.parquet)"},
+            {"href": "/llm/report.html", "title": "LLM: HTML report of the run so far (report.html)"},
+        ]
+        app = web_ui.app
+        app.after_request(self._inject)
+        app.after_request(self._redact)  # registered last, runs first: Flask calls after_request in reverse
+        app.before_request(self._unmask)
+        app.add_url_rule("/llm/stats", "llm_stats", web_ui.auth_required_if_enabled(self._stats_json))
+        app.add_url_rule(
+            "/llm/requests.parquet", "llm_records", web_ui.auth_required_if_enabled(self._records_download)
+        )
+        app.add_url_rule("/llm/report.html", "llm_report", web_ui.auth_required_if_enabled(self._report_download))
+
+    # --- live rows ------------------------------------------------------------------------------------
+    def rows(self) -> list[dict]:
+        now = time.monotonic()
+        if now - self._cache[0] < REFRESH_MIN_S:
+            return self._cache[1]
+        rows = self._compute()
+        self._cache = (now, rows)
+        return rows
+
+    def _compute(self) -> list[dict]:
+        ctx = self.ctx
+        timeline = ctx.tracker.timeline
+        if not timeline and ctx.last_live is None:
+            return []
+        scrape = ctx.scraper.last_samples if ctx.scraper is not None else None
+        gauges = latest_gauges(scrape, ctx.environment.parsed_options.model or None)
+        if timeline:
+            table, whole = live_table(ctx.live.frame(), timeline, time.time())
+        else:  # the run ended: keep showing its last numbers
+            table, whole = ctx.last_live
+        rows = []
+        if len(table):
+            current = table.iloc[-1].to_dict()
+            rows.append(_row("current step" if timeline else "last step", current, gauges))
+        if whole:
+            rows.append(_row("whole run", whole, gauges))
+        return rows
+
+    def _inject(self, response: Response) -> Response:
+        if request.path != "/stats/requests" or response.status_code != 200:
+            return response
+        try:
+            data = json.loads(response.get_data())
+            data["extended_stats"] = [{"key": TAB, "data": self.rows()}]
+            response.set_data(json.dumps(data))
+        except Exception:  # the LLM tab must never break Locust's own stats page
+            logger.exception("cannot compute the LLM tab's rows")
+        return response
+
+    def _stats_json(self) -> Response:
+        return Response(json.dumps(self.rows()), mimetype="application/json")
+
+    # --- the API key never reaches the browser -----------------------------------------------------------
+    def _secrets(self) -> list[str]:
+        from locustfiles.options import api_key
+
+        key = api_key(self.environment.parsed_options)
+        return [key] if key and len(key) >= 4 else []
+
+    def _redact(self, response: Response) -> Response:
+        """Replace the API key in anything the web UI sends (the start form pre-fills options with their values)."""
+        secrets = self._secrets()
+        if not secrets or response.direct_passthrough or response.is_streamed:
+            return response
+        body = response.get_data()
+        changed = False
+        for secret in secrets:
+            for form in {secret, json.dumps(secret)[1:-1]}:  # as is, and as it appears inside JSON
+                if form.encode() in body:
+                    body = body.replace(form.encode(), MASK.encode())
+                    changed = True
+        if changed:
+            response.set_data(body)
+        return response
+
+    def _unmask(self) -> None:
+        """The start form sends the mask back for an unchanged key: keep the real one."""
+        if request.path.endswith("/swarm") and request.form.get("api_key") == MASK:
+            form = request.form.copy()
+            form["api_key"] = self.environment.parsed_options.api_key
+            request.form = form
+
+    # --- downloads ------------------------------------------------------------------------------------
+    def _run_dir(self):
+        return self.ctx.run_dir or self.ctx.last_run_dir
+
+    def _records_download(self) -> Response:
+        import io
+
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from analysis.records import SCHEMA, merge_records
+
+        run_dir = self._run_dir()
+        if run_dir is None:
+            return Response("no run yet: start one first\n", status=404, mimetype="text/plain")
+        df = merge_records(run_dir, write=False)
+        buf = io.BytesIO()
+        pq.write_table(pa.Table.from_pandas(df, schema=SCHEMA, preserve_index=False), buf)
+        return Response(
+            buf.getvalue(),
+            mimetype="application/vnd.apache.parquet",
+            headers={"Content-Disposition": f"attachment; filename={run_dir.name}-requests.parquet"},
+        )
+
+    def _report_download(self) -> Response:
+        from analysis.report import build_report_so_far
+
+        run_dir = self._run_dir()
+        if run_dir is None:
+            return Response("no run yet: start one first\n", status=404, mimetype="text/plain")
+        page = build_report_so_far(run_dir, self.ctx.tracker.timeline or None)
+        return Response(
+            page,
+            mimetype="text/html",
+            headers={"Content-Disposition": f"attachment; filename={run_dir.name}-report.html"},
+        )
