@@ -14,7 +14,7 @@ import pytest
 
 from analysis.records import RECORDS_DIR
 from tests.integration.test_real_vllm import finished_counts
-from tests.test_distributed import free_port, start
+from tests.test_distributed import start_cluster
 
 pytestmark = pytest.mark.vllm
 
@@ -22,40 +22,11 @@ pytestmark = pytest.mark.vllm
 @pytest.mark.parametrize("kill_one", [False, True], ids=["two-workers", "one-worker-killed"])
 def test_master_and_two_workers_against_vllm(vllm_server, tmp_path, kill_one):
     before = finished_counts(vllm_server.url)
-    port = free_port()
     run_dir = tmp_path / "run"
-    master = start(
-        [
-            "--master",
-            "--headless",
-            "--expect-workers",
-            "2",
-            "--master-bind-host",
-            "127.0.0.1",
-            "--master-bind-port",
-            str(port),
-            "--host",
-            vllm_server.url,
-            "--steps",
-            "2,8",
-            "--step-duration",
-            "10s",
-            "--step-warmup",
-            "2s",
-            "--max-tokens",
-            "48",
-            "--ignore-eos",
-            "--stop-timeout",
-            "60",
-            "--run-dir",
-            str(run_dir),
-        ],
-        tmp_path / "master.log",
-    )
-    workers = [
-        start(["--worker", "--master-host", "127.0.0.1", "--master-port", str(port)], tmp_path / f"worker{i}.log")
-        for i in range(2)
-    ]
+    master, workers = start_cluster(
+        tmp_path, 2, vllm_server.url, "--steps", "2,8", "--step-duration", "10s", "--step-warmup", "2s",
+        "--max-tokens", "48", "--ignore-eos", "--stop-timeout", "60", "--run-dir", str(run_dir),
+    )  # fmt: skip
     host = socket.gethostname()
     victim_file = run_dir / RECORDS_DIR / f"{host}-{workers[1].pid}.jsonl"
     try:
