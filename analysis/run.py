@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.records import merge_records
+from analysis.records import REQUESTS_FILE, merge_records
 from analysis.server_metrics import SCRAPES_FILE, load_metrics, merge_scrapes, step_server_table
+from analysis.sse import CUT_OFF
 from analysis.steps import step_table, timeline_from_records
 
 RUN_FILE = "run.json"
@@ -51,3 +52,10 @@ def finalize(run_dir: Path) -> pd.DataFrame:
     table = compute_table(records, timeline, metrics)
     table.to_csv(run_dir / STEPS_FILE, index=False)
     return table
+
+
+def error_counts(run_dir: Path) -> tuple[int, int]:
+    """(failed requests, requests) of a run, leaving out the requests cut off by the end of the run."""
+    records = pd.read_parquet(Path(run_dir) / REQUESTS_FILE, columns=["status", "error_type"])
+    measured = records[records["error_type"] != CUT_OFF]
+    return int((measured["status"] != "ok").sum()), len(measured)

@@ -129,6 +129,13 @@ def add_arguments(parser) -> None:
         help="Do not write summary.json and report.html at the end of the run",
     )
     parser.add_argument(
+        "--max-error-rate",
+        default="0",
+        env_var="LOCUST_MAX_ERROR_RATE",
+        help="Exit code 1 when failed requests exceed this share of all measured requests (e.g. 1%% or 0.01). "
+        "Default 0: any failed request fails the run",
+    )
+    parser.add_argument(
         "--run-dir",
         default="",
         env_var="LOCUST_RUN_DIR",
@@ -159,6 +166,18 @@ def parse_duration(text: str, name: str, allow_zero: bool = False) -> float:
     return value
 
 
+def parse_rate(text: str, name: str) -> float:
+    """'1%' or '0.01' -> 0.01; raises ValueError naming the option."""
+    text = str(text).strip()
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise ValueError(f"{name} {text!r} is not a rate; use e.g. {name} 1% or {name} 0.01") from None
+    if not 0 <= value <= 1:
+        raise ValueError(f"{name} {text!r} must be between 0 and 100%; use e.g. {name} 1%")
+    return value
+
+
 def check(options: argparse.Namespace) -> None:
     """Validate the options that have no argparse type; raises ValueError with a one-line message."""
     parse_steps(options.steps)
@@ -174,3 +193,4 @@ def check(options: argparse.Namespace) -> None:
         raise ValueError(f"--scrape-interval {options.scrape_interval} must be positive (seconds)")
     if options.read_timeout <= 0:
         raise ValueError(f"--read-timeout {options.read_timeout} must be positive (seconds)")
+    parse_rate(options.max_error_rate, "--max-error-rate")

@@ -35,7 +35,7 @@ from analysis.diagnosis import diagnose, worker_lines
 from analysis.live import FIELDS as LIVE_FIELDS
 from analysis.live import LiveRecords, live_table
 from analysis.records import RECORDS_DIR, RecordWriter, RequestRecord
-from analysis.run import STEPS_FILE, finalize, write_run
+from analysis.run import STEPS_FILE, error_counts, finalize, write_run
 from analysis.steps import format_table
 from locustfiles import options as opts_mod
 from locustfiles.distributed import RecordShipper, WorkerLedger, register_worker_stop
@@ -44,6 +44,9 @@ from locustfiles.shape import StepTracker
 
 logger = logging.getLogger("vllm_loadtest")
 
+EXIT_OK = 0
+EXIT_ERRORS = 1  # failed requests above --max-error-rate
+EXIT_CRASH = 2  # the tool itself failed (an unhandled exception): never mistaken for a verdict on the server
 EXIT_SETUP_ERROR = 3  # bad input found before any load was sent
 
 # Options saved in run.json. An allow-list, so secrets among Locust's own options (--web-auth) never land there.
@@ -62,6 +65,7 @@ SAVED_OPTIONS = [
     "steps",
     "step_duration",
     "step_warmup",
+    "max_error_rate",
     "run_dir",
     "no_report",
     "metrics_url",
@@ -121,6 +125,7 @@ class RunContext:
         self.last_live: tuple | None = None
         self.last_run_dir: Path | None = None
         self.tab = None  # the web UI's LLM tab (locustfiles/webui.py), when there is a web UI
+        self.errors_over_limit: bool | None = None  # the last finished run's verdict, for the exit code
         if isinstance(environment.runner, MasterRunner):
             self.ledger = WorkerLedger(
                 environment,
@@ -230,6 +235,7 @@ class RunContext:
             self.last_run_dir = self.run_dir
             table = finalize(self.run_dir)
             self.last_table = table
+            self._judge_errors(environment)
             print("\n" + format_table(table), flush=True)
             lines = [*diagnose(table).text, *worker_lines(self.workers, self.started_at)]
             print("\n".join(["", "Diagnosis:", *(f"- {line}" for line in lines)]), flush=True)
@@ -240,6 +246,27 @@ class RunContext:
                 print(f"Report: {write_report(self.run_dir)}", flush=True)
             self.tracker.reset()
             self.run_dir = None  # finalize once per run, even if Locust fires test_stop twice
+
+    def _judge_errors(self, environment) -> None:
+        failed, total = error_counts(self.run_dir)
+        limit = opts_mod.parse_rate(environment.parsed_options.max_error_rate, "--max-error-rate")
+        rate = failed / total if total else 0.0
+        self.errors_over_limit = rate > limit
+        verdict = "over" if self.errors_over_limit else "within"
+        print(
+            f"Errors: {failed} of {total} requests ({rate:.2%}), {verdict} --max-error-rate {limit:.2%}",
+            flush=True,
+        )
+
+    def on_quitting(self, environment, **_kw) -> None:
+        """The process exit code: 0 ok, 1 errors over --max-error-rate, 2 the tool crashed, 3 bad input."""
+        if environment.process_exit_code is not None or not self.is_controller:
+            return  # already decided (bad input), or a worker: the master's code is the run's
+        if locust.log.unhandled_greenlet_exception or environment.runner.exceptions:
+            # An exception escaped the suite's own code (Locust logs it with its traceback): a bug, not a verdict.
+            environment.process_exit_code = EXIT_CRASH
+        elif self.errors_over_limit is not None:
+            environment.process_exit_code = EXIT_ERRORS if self.errors_over_limit else EXIT_OK
 
     def _start_scraper(self, options) -> None:
         url = options.metrics_url or (f"{(options.host or '').rstrip('/')}/metrics" if options.host else "")
@@ -343,6 +370,7 @@ def register(environment) -> RunContext:
     environment.events.test_start.add_listener(ctx.on_test_start)
     environment.events.test_stop.add_listener(ctx.on_test_stop)
     environment.events.llm_request.add_listener(ctx.on_record)
+    environment.events.quitting.add_listener(ctx.on_quitting)
     if ctx.live_enabled:
         from locustfiles.webui import LLMTab
 

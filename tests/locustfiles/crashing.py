@@ -1,0 +1,22 @@
+"""A load generator with a bug: its task raises. The run must exit 2 (the tool failed), not 0 or 1."""
+
+from locust import constant
+
+from locustfiles import plugin
+from locustfiles.openai_user import OpenAIStreamingUser
+from locustfiles.shape import StepLoadShape
+
+plugin.install()
+
+
+def broken_task(user) -> None:
+    raise RuntimeError("a bug in the load generator")
+
+
+class CrashingUser(OpenAIStreamingUser):
+    tasks = (broken_task,)
+    wait_time = constant(0.1)
+
+
+class Steps(StepLoadShape):
+    pass

@@ -1,0 +1,49 @@
+"""Exit codes for pipelines: 0 ok, 1 failed requests over --max-error-rate, 2 the tool crashed, 3 bad input."""
+
+import pytest
+
+from tests.test_headless import locust
+
+RUN = ["--steps", "2", "--step-duration", "3s", "--step-warmup", "0s", "--max-tokens", "8"]
+
+
+@pytest.mark.parametrize(("limit", "code"), [("0", 1), ("10%", 1), ("0.5", 0), ("50%", 0)])
+def test_failed_requests_over_the_limit_exit_1(fake_server, tmp_path, limit, code):
+    server = fake_server("--ttft-ms", "5", "--itl-ms", "1", "--faults", "http_500=5")  # 20 % fail
+    proc = locust("--host", server.url, *RUN, "--max-error-rate", limit, "--run-dir", str(tmp_path / "r"))
+    assert proc.returncode == code, proc.stderr[-2000:]
+    verdict = "over" if code else "within"
+    assert f"{verdict} --max-error-rate" in proc.stdout
+
+
+def test_a_clean_run_exits_0(fake_server, tmp_path):
+    server = fake_server("--ttft-ms", "5", "--itl-ms", "1")
+    proc = locust("--host", server.url, *RUN, "--run-dir", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Errors: 0 of" in proc.stdout
+
+
+@pytest.mark.parametrize("bad", ["lots", "150%", "-1"])
+def test_a_bad_limit_is_one_line_before_any_load(fake_server, tmp_path, bad):
+    server = fake_server("--ttft-ms", "5", "--itl-ms", "1")
+    proc = locust("--host", server.url, *RUN, "--max-error-rate", bad, "--run-dir", str(tmp_path / "r"))
+    assert proc.returncode == 3
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--max-error-rate" in errors[0], proc.stderr
+    assert server.get("/stats")["requests"] == 0
+
+
+def test_a_bug_in_the_load_generator_exits_2(fake_server, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    server = fake_server("--ttft-ms", "5", "--itl-ms", "1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "locust", "-f", str(ROOT / "tests" / "locustfiles" / "crashing.py"), "--headless",
+         "--host", server.url, *RUN, "--max-error-rate", "100%", "--run-dir", str(tmp_path / "r")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "a bug in the load generator" in proc.stderr
