@@ -19,12 +19,14 @@ from plotly.subplots import make_subplots
 from analysis import __version__ as SUITE_VERSION
 from analysis.diagnosis import diagnose, utc, worker_lines
 from analysis.glossary import GLOSSARY
+from analysis.integrity import integrity
 from analysis.records import load_records
 from analysis.run import STEPS_FILE, read_run
 from analysis.server_metrics import KV_CACHE, RUNNING, WAITING, ServerSeries, load_metrics, server_info
 from analysis.sse import CUT_OFF
 
 REPORT_FILE = "report.html"
+MISMATCH_LI = "<li style='color:#b00;font-weight:bold'>"
 SUMMARY_FILE = "summary.json"
 
 
@@ -62,6 +64,7 @@ def summary(run_dir: Path, table: pd.DataFrame, records: pd.DataFrame) -> dict:
         "output_tokens": int(ok["output_tokens"].sum()) if len(ok) else 0,
         "steps": steps,
         "diagnosis": diagnose(table).to_dict(),
+        "integrity": integrity(records, load_metrics(run_dir), _single_model(records)),
         "workers": run.get("workers") or [],
         "server_version": run.get("server_version"),
         "suite_version": run.get("suite_version") or SUITE_VERSION,
@@ -344,6 +347,14 @@ def build_report(
             f"<p>{cut_off} request(s) were still running when the load generator stopped: recorded as cut_off, "
             "neither counted as errors nor measured.</p>"
         )
+    check = integrity(records, metrics, _single_model(records))
+    parts.append(
+        "<h2>Integrity check</h2><p>The client's records against the server's own counters over the run.</p><ul>"
+        + "".join(
+            (MISMATCH_LI if t.startswith("MISMATCH") else "<li>") + f"{html.escape(t)}</li>" for t in check["text"]
+        )
+        + "</ul>"
+    )
     workers = run.get("workers") or []
     if workers:
         parts.append(_workers_html(workers, run.get("started_at")))

@@ -32,10 +32,12 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from analysis import __version__ as SUITE_VERSION
 from analysis.diagnosis import diagnose, worker_lines
+from analysis.integrity import integrity
 from analysis.live import FIELDS as LIVE_FIELDS
 from analysis.live import LiveRecords, live_table
-from analysis.records import RECORDS_DIR, RecordWriter, RequestRecord
+from analysis.records import RECORDS_DIR, RecordWriter, RequestRecord, load_records
 from analysis.run import STEPS_FILE, error_counts, finalize, write_run
+from analysis.server_metrics import load_metrics
 from analysis.steps import format_table
 from locustfiles import options as opts_mod
 from locustfiles.distributed import RecordShipper, WorkerLedger, register_worker_stop
@@ -235,10 +237,14 @@ class RunContext:
             self.last_run_dir = self.run_dir
             table = finalize(self.run_dir)
             self.last_table = table
-            self._judge_errors(environment)
             print("\n" + format_table(table), flush=True)
             lines = [*diagnose(table).text, *worker_lines(self.workers, self.started_at)]
             print("\n".join(["", "Diagnosis:", *(f"- {line}" for line in lines)]), flush=True)
+            records = load_records(self.run_dir)
+            models = records["model"].dropna().unique()
+            check = integrity(records, load_metrics(self.run_dir), str(models[0]) if len(models) == 1 else None)
+            print("\n".join(["", "Integrity check:", *(f"- {line}" for line in check["text"])]), flush=True)
+            self._judge_errors(environment)
             print(f"\nResults: {self.run_dir / 'requests.parquet'}, {self.run_dir / STEPS_FILE}", flush=True)
             if not getattr(environment.parsed_options, "no_report", False):
                 from analysis.report import write_report  # plotly is only imported when a report is written

@@ -34,6 +34,8 @@ class MetricsScraper:
         self._client = HTTPClient.from_url(self.url, connection_timeout=timeout, network_timeout=timeout)
 
     def start(self) -> MetricsScraper:
+        # The first scrape now, before any user starts: it is the baseline of every counter (integrity check).
+        self.scrape_once()
         self._greenlet = gevent.spawn(self._loop)
         return self
 
@@ -68,9 +70,9 @@ class MetricsScraper:
     def _loop(self) -> None:
         next_at = time.monotonic()
         while True:
-            self.scrape_once()
             next_at += self.interval_s
             gevent.sleep(max(0.0, next_at - time.monotonic()))
+            self.scrape_once()
 
     def stop(self) -> None:
         """Stop polling after one last scrape, so the counters cover the whole run."""
