@@ -37,6 +37,9 @@ FAULT_KINDS = (
 )
 
 
+HOSTILE = "<script>alert('x')</script>"  # what a hostile server puts in every piece of text it returns
+
+
 @dataclass
 class Config:
     ttft_s: float = 0.05
@@ -49,6 +52,7 @@ class Config:
     model: str = "fake-model"
     metrics: str = "up"  # "down": /metrics answers 503
     api_key: str = ""  # when set, completions without "Authorization: Bearer <api_key>" get a 401
+    hostile: bool = False  # <script> payloads in error messages, completions, metric labels and /version
 
 
 class State:
@@ -129,6 +133,8 @@ class Handler(socketserver.StreamRequestHandler):
             return self.send_json(200, {"object": "list", "data": [{"id": cfg.model, "object": "model"}]})
         if method == "GET" and path == "/health":
             return self.send_json(200, {})
+        if method == "GET" and path == "/version":
+            return self.send_json(200, {"version": HOSTILE + "version" if cfg.hostile else "0.0-fake"})
         if method == "GET" and path == "/stats":
             with state.lock:
                 return self.send_json(
@@ -153,7 +159,13 @@ class Handler(socketserver.StreamRequestHandler):
                     f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{m}"}} {state.ok}\n'
                     "# TYPE vllm:generation_tokens counter\n"
                     f'vllm:generation_tokens_total{{engine="0",model_name="{m}"}} {state.tokens}\n'
-                ).encode()
+                )
+                if cfg.hostile:
+                    text += (
+                        "# TYPE vllm:cache_config_info gauge\n"
+                        f'vllm:cache_config_info{{block_size="{HOSTILE}label",engine="0"}} 1.0\n'
+                    )
+                text = text.encode()
             self.wfile.write(
                 b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\n"
                 b"content-length: %d\r\n\r\n" % len(text) + text
@@ -192,7 +204,8 @@ class Handler(socketserver.StreamRequestHandler):
         wall_recv = self.wall_recv
         if fault and fault.startswith("http_"):
             code = int(fault[5:])
-            return self.send_json(code, {"error": {"message": f"injected {fault}", "type": "Injected", "code": code}})
+            message = f"{HOSTILE if cfg.hostile else ''}injected {fault}"
+            return self.send_json(code, {"error": {"message": message, "type": "Injected", "code": code}})
         if fault == "html":
             page = b"<html><body><h1>502 Bad Gateway</h1></body></html>\n"
             self.wfile.write(
@@ -272,6 +285,8 @@ class Handler(socketserver.StreamRequestHandler):
                 if delay > 0:
                     time.sleep(delay)
                 text = "" if (cfg.empty_every and done % cfg.empty_every == 0) else f" tok{done}"
+                if cfg.hostile and text:
+                    text = HOSTILE + text
                 finish = "length" if (i == len(sizes) - 1 and fault != "no_done") else None
                 event(chunk(text, finish, done))
                 offsets.append(time.perf_counter() - t_recv)
@@ -315,7 +330,8 @@ class Handler(socketserver.StreamRequestHandler):
 
     def inject(self, fault: str, event) -> bool:
         if fault == "stream_error":
-            event({"error": {"message": "injected engine failure", "type": "InternalServerError", "code": 500}})
+            message = f"{HOSTILE if self.server.config.hostile else ''}injected engine failure"
+            event({"error": {"message": message, "type": "InternalServerError", "code": 500}})
             event(b"[DONE]")
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
@@ -370,6 +386,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", default="fake-model")
     p.add_argument("--metrics", default="up", choices=["up", "down"])
     p.add_argument("--api-key", default="", help="require this Bearer token on completions")
+    p.add_argument("--hostile", action="store_true", help="<script> payloads in every text the server returns")
     a = p.parse_args(argv)
     cfg = Config(
         a.ttft_ms / 1000,
@@ -382,6 +399,7 @@ def main(argv: list[str] | None = None) -> None:
         a.model,
         a.metrics,
         a.api_key,
+        a.hostile,
     )
     sys.setswitchinterval(0.0002)  # hand the GIL over fast: a waking handler thread must not wait 5 ms
     server = Server((a.host, a.port), cfg)
