@@ -27,9 +27,9 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 class FakeServer:
     """Handle on a running tests/fakeserver.py process."""
 
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], port: int = 0) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "fakeserver.py"), "--port", "0", *args],
+            [sys.executable, str(ROOT / "tests" / "fakeserver.py"), "--port", str(port), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

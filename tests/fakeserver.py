@@ -34,6 +34,8 @@ FAULT_KINDS = (
     "bad_json",  # a malformed data line after a few tokens
     "stall",  # stops sending after a few tokens for --stall-s seconds
     "html",  # a 200 text/html page, as a misconfigured proxy would answer
+    "big",  # the second chunk carries 1 MiB of text (still one token): the stream must still be read correctly
+    "queue",  # the first token comes only after --queue-s seconds (a long wait in the server's queue)
 )
 
 
@@ -49,8 +51,9 @@ class Config:
     empty_every: int = 0  # every Mth token has empty text
     faults: list[tuple[str, int]] = field(default_factory=list)
     stall_s: float = 5.0
+    queue_s: float = 10.0
     model: str = "fake-model"
-    metrics: str = "up"  # "down": /metrics answers 503
+    metrics: str = "up"  # down: 503; garbage: an HTML page; slow: answers after 3 s; flaky: every other is a 500
     api_key: str = ""  # when set, completions without "Authorization: Bearer <api_key>" get a 401
     hostile: bool = False  # <script> payloads in error messages, completions, metric labels and /version
 
@@ -65,6 +68,7 @@ class State:
         self.truth: dict[str, dict] = {}
         self.running = 0
         self.received: list[str] = []  # X-Request-Id of every completion request, in arrival order
+        self.metrics_calls = 0
 
     def next_request(self, faults: list[tuple[str, int]]) -> tuple[int, str | None]:
         with self.lock:
@@ -141,8 +145,18 @@ class Handler(socketserver.StreamRequestHandler):
                     200, {"requests": state.requests, "ok": state.ok, "faults": state.faults, "tokens": state.tokens}
                 )
         if method == "GET" and path == "/metrics":
-            if cfg.metrics == "down":
+            with state.lock:
+                state.metrics_calls += 1
+                call = state.metrics_calls
+            if cfg.metrics == "down" or (cfg.metrics == "flaky" and call % 2 == 0):
                 return self.send_json(503, {"error": {"message": "metrics down"}})
+            if cfg.metrics == "garbage":
+                page = b"<html><body>502 Bad Gateway {{ not prometheus</body></html>"
+                head = b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: %d\r\n\r\n" % len(page)
+                self.wfile.write(head + page)
+                return True
+            if cfg.metrics == "slow":
+                time.sleep(3)
             with state.lock:
                 kv = min(1.0, state.running / 8)
                 m = cfg.model
@@ -280,13 +294,16 @@ class Handler(socketserver.StreamRequestHandler):
                 if fault_after is not None and i == fault_after:
                     return self.inject(fault, event)
                 done += k
-                deadline = t_recv + cfg.ttft_s + (done - 1) * cfg.itl_s
+                queued = cfg.queue_s if fault == "queue" else 0.0
+                deadline = t_recv + queued + cfg.ttft_s + (done - 1) * cfg.itl_s
                 delay = deadline - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)
                 text = "" if (cfg.empty_every and done % cfg.empty_every == 0) else f" tok{done}"
                 if cfg.hostile and text:
                     text = HOSTILE + text
+                if fault == "big" and i == 1:
+                    text = "x" * (1 << 20)
                 finish = "length" if (i == len(sizes) - 1 and fault != "no_done") else None
                 event(chunk(text, finish, done))
                 offsets.append(time.perf_counter() - t_recv)
@@ -384,7 +401,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--faults", default="", help="kind=every,... e.g. http_500=11,truncate=17")
     p.add_argument("--stall-s", type=float, default=5.0)
     p.add_argument("--model", default="fake-model")
-    p.add_argument("--metrics", default="up", choices=["up", "down"])
+    p.add_argument("--metrics", default="up", choices=["up", "down", "garbage", "slow", "flaky"])
+    p.add_argument("--queue-s", type=float, default=10.0, help="first-token delay of the 'queue' fault")
     p.add_argument("--api-key", default="", help="require this Bearer token on completions")
     p.add_argument("--hostile", action="store_true", help="<script> payloads in every text the server returns")
     a = p.parse_args(argv)
@@ -396,6 +414,7 @@ def main(argv: list[str] | None = None) -> None:
         a.empty_every,
         parse_faults(a.faults),
         a.stall_s,
+        a.queue_s,
         a.model,
         a.metrics,
         a.api_key,

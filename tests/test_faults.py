@@ -1,13 +1,16 @@
 """Every injected failure is counted, categorized and recorded; the run goes on."""
 
 import pandas as pd
+import pytest
 
 from analysis.records import load_records
 from locustfiles.openai_user import OpenAIStreamingUser
-from tests.conftest import run_in_process
+from tests.conftest import ROOT, run_in_process
 
 # fake server fault kind -> the category the client must record
 EXPECTED = {
+    "http_400": "http_400",
+    "http_404": "http_404",
     "http_429": "http_429",
     "http_500": "http_500",
     "http_503": "http_503",
@@ -18,6 +21,7 @@ EXPECTED = {
     "bad_json": "malformed_json",
     "html": "not_sse",
     "stall": "timeout",
+    "big": None,  # a 1 MiB chunk: read correctly, the request is ok
 }
 
 
@@ -28,7 +32,7 @@ class User(OpenAIStreamingUser):
 def test_fault_matrix_is_counted_categorized_and_recorded(fake_server, tmp_path):
     schedule = (
         "http_429=23,http_500=7,http_503=29,stream_error=11,truncate=13,reset=17,no_done=19,bad_json=31,"
-        "html=37,stall=41"
+        "html=37,stall=41,http_400=43,http_404=47,big=53"
     )
     server = fake_server("--ttft-ms", "5", "--itl-ms", "2", "--faults", schedule, "--stall-s", "3")
     env = run_in_process(User, server.url, tmp_path, "--max-tokens", "16", "--read-timeout", "1", users=6, seconds=8)
@@ -47,10 +51,12 @@ def test_fault_matrix_is_counted_categorized_and_recorded(fake_server, tmp_path)
     counts = records[~cut].groupby("error_type").size().to_dict()
     for kind in stats["faults"]:
         category = EXPECTED[kind]
+        if category is None:
+            continue
         same = [k for k, c in EXPECTED.items() if c == category]
         expected = sum(stats["faults"].get(k, 0) for k in same)
         assert expected - cut.sum() <= counts.get(category, 0) <= expected, (kind, counts)
-    assert set(counts) <= set(EXPECTED.values())
+    assert set(counts) <= set(EXPECTED.values()) | {None}
     assert all(stats["faults"].get(k, 0) > 0 for k in EXPECTED), stats  # the run was long enough for each fault
 
     # The server's own message is kept for errors before the stream.
@@ -63,7 +69,13 @@ def test_fault_matrix_is_counted_categorized_and_recorded(fake_server, tmp_path)
     assert entry.num_failures == int((~cut & (records["status"] == "error")).sum())
     assert entry.num_requests == int((~cut).sum())
     ok = records[records["status"] == "ok"]
-    assert len(ok) > 0 and (ok["output_tokens"] == 16).all()
+    assert len(ok) > 0 and (ok["output_tokens"] == 16).all()  # the 1 MiB-chunk requests among them
+    assert stats["ok"] - cut.sum() <= len(ok) <= stats["ok"]  # every completed stream, but those cut at the end
+
+    # The report is produced and lists every kind of error with the server's message.
+    page = (tmp_path / "report.html").read_text()
+    for category in set(EXPECTED.values()) - {None}:
+        assert f"× {category}:" in page, category
 
 
 def test_connection_refused_is_a_recorded_connection_error(tmp_path):
@@ -79,3 +91,82 @@ def test_connection_refused_is_a_recorded_connection_error(tmp_path):
     assert (records["error_type"].isin(["connection_error", "cut_off"])).all()
     assert records["error"].str.contains("ConnectionRefused").any()
     assert pd.isna(records["ttft_s"]).all()
+
+
+def test_a_long_queue_is_not_a_false_timeout_under_defaults(fake_server, tmp_path):
+    """A first token after 8 s of queueing (the server sends nothing meanwhile) is a slow success, not a timeout:
+    the default --read-timeout is 600 s (Locust's FastHttpUser would give up after 60 s)."""
+    server = fake_server("--ttft-ms", "5", "--itl-ms", "1", "--faults", "queue=1", "--queue-s", "8")
+    run_in_process(User, server.url, tmp_path, "--max-tokens", "4", users=2, seconds=10, stop_timeout=20)
+    records = load_records(tmp_path)
+    assert len(records) >= 2 and (records["status"] == "ok").all(), records[["error_type", "error"]]
+    assert (records["ttft_s"] >= 8).all()
+
+
+@pytest.mark.parametrize("mode", ["down", "garbage", "slow", "flaky"])
+def test_metrics_endpoint_trouble_is_a_gap_not_a_crash(fake_server, tmp_path, mode, caplog):
+    server = fake_server("--ttft-ms", "5", "--itl-ms", "1", "--metrics", mode)
+    run_in_process(User, server.url, tmp_path, "--max-tokens", "4", "--scrape-interval", "0.5", users=2, seconds=5)
+    records = load_records(tmp_path)
+    assert len(records) > 10 and (records[records["error_type"] != "cut_off"]["status"] == "ok").all()
+    metrics = pd.read_parquet(tmp_path / "metrics.parquet")
+    up = metrics[metrics["metric"] == "up"]
+    assert len(up) >= 3
+    assert (up["value"] == 0).any()  # recorded as gaps, with the error (slow: a scrape over its 1 s bound)
+    if mode == "slow":
+        assert up[up["value"] == 0]["labels"].str.contains("imeout").all()
+    if mode == "flaky":
+        assert (up["value"] == 1).any()
+    warnings = [r for r in caplog.records if "cannot scrape" in r.getMessage()]
+    assert len(warnings) == 1  # warned once, not per scrape
+    assert (tmp_path / "report.html").exists() and (tmp_path / "steps.csv").exists()
+
+
+def test_the_server_dying_and_coming_back_mid_run(tmp_path):
+    """Requests while the server is gone are connection errors; after it is back the run carries on; the server's
+    counters restarting from 0 are read as a restart, not as a negative increase."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import FakeServer
+
+    first = FakeServer(["--ttft-ms", "5", "--itl-ms", "2"])
+    port = first.port
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "vllm_streaming.py"), "--headless",
+         "--host", first.url, "--steps", "2", "--step-duration", "9s", "--step-warmup", "0s", "--max-tokens", "16",
+         "--scrape-interval", "0.5", "--max-error-rate", "100%", "--run-dir", str(run_dir)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    second = None
+    try:
+        time.sleep(3)
+        first.proc.kill()
+        first.proc.wait(5)
+        time.sleep(2)
+        second = FakeServer(["--ttft-ms", "5", "--itl-ms", "2"], port=port)
+        out, _ = proc.communicate(timeout=60)
+        second_ok = second.get("/stats")["ok"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for server in (first, second):
+            if server is not None:
+                server.stop()
+    assert proc.returncode == 0, out[-3000:]
+    records = pd.read_parquet(run_dir / "requests.parquet")
+    t_kill = records["start_time"].min() + 3
+    errors = records[records["error_type"] == "connection_error"]
+    assert len(errors) > 0
+    ok = records[records["status"] == "ok"]
+    assert (ok["start_time"] < t_kill).any() and (ok["start_time"] > t_kill + 2.5).any()  # before and after
+    assert second_ok > 0
+    summary = pd.read_json(run_dir / "summary.json", typ="series")
+    assert summary["errors"]["connection_error"] == len(errors)
+    metrics = pd.read_parquet(run_dir / "metrics.parquet")
+    up = metrics[metrics["metric"] == "up"]
+    assert (up["value"] == 0).any() and up["value"].iloc[-1] == 1  # gaps while it was gone
+    steps = pd.read_csv(run_dir / "steps.csv")
+    assert steps["kv_cache_usage_max"].notna().all()
