@@ -47,8 +47,9 @@ class LLMRequestError(Exception):
         self.message = message
 
 
-def build_payload(options, model: str) -> dict:
-    """The JSON body of one request, from the run's options."""
+def build_payload(options, model: str, prompt: str | None = None) -> dict:
+    """The JSON body of one request, from the run's options (`prompt` replaces --prompt)."""
+    prompt = options.prompt if prompt is None else prompt
     stream_options = {"include_usage": True}
     if not options.no_continuous_usage:
         stream_options["continuous_usage_stats"] = True
@@ -60,9 +61,9 @@ def build_payload(options, model: str) -> dict:
         "stream_options": stream_options,
     }
     if options.endpoint == "chat":
-        payload["messages"] = [{"role": "user", "content": options.prompt}]
+        payload["messages"] = [{"role": "user", "content": prompt}]
     else:
-        payload["prompt"] = options.prompt
+        payload["prompt"] = prompt
     if options.ignore_eos:
         payload["ignore_eos"] = True  # vLLM extension: exact output lengths
     return payload
@@ -102,7 +103,11 @@ class OpenAIStreamingUser(User):
         self.endpoint = opts.endpoint
         base = URL(self.host)
         self.path = base.path.rstrip("/") + ENDPOINTS[opts.endpoint]
-        self.body = json.dumps(build_payload(opts, self.model)).encode()
+        prompts = options_mod.load_prompts(opts.prompt_file) if getattr(opts, "prompt_file", "") else [None]
+        # Serialized once: the request path then only hands prepared bytes to the socket.
+        self.bodies = [json.dumps(build_payload(opts, self.model, p)).encode() for p in prompts]
+        self.body = self.bodies[0]
+        self._next_body = 0
         self.headers = {
             "Content-Type": "application/json",
             "Accept": "text/event-stream",
@@ -145,10 +150,12 @@ class OpenAIStreamingUser(User):
         failure: LLMRequestError | None = None
         content_type = ""
         nbytes = 0
+        body = self.bodies[self._next_body % len(self.bodies)]
+        self._next_body += 1
         record.start_time = time.time()
         t0 = clock()
         try:
-            response = self.http.request("POST", self.path, body=self.body, headers=headers)
+            response = self.http.request("POST", self.path, body=body, headers=headers)
             record.http_status = response.status_code
             if record.http_status != 200:
                 body = response.read(MAX_ERROR_BODY)

@@ -22,8 +22,36 @@ def api_key(options) -> str | None:
     return getattr(options, "api_key", "") or os.environ.get(options.api_key_env or "OPENAI_API_KEY") or None
 
 
+def load_prompts(path: str) -> list[str]:
+    """The prompts of a --prompt-file: a JSON list of strings; raises ValueError with a one-line fix."""
+    import json
+
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError as e:
+        raise ValueError(f"--prompt-file {path}: {e.strerror}; pass a readable JSON file") from None
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ValueError(
+            f"--prompt-file {path} is not JSON ({e}); it must be a list of prompt strings, e.g. [\"Hello\"]"
+        ) from None
+    if not isinstance(data, list) or not data or not all(isinstance(p, str) and p for p in data):
+        raise ValueError(f"--prompt-file {path} must be a non-empty JSON list of non-empty strings, e.g. [\"Hello\"]")
+    return data
+
+
+def one_line_error(message: str) -> None:
+    """argparse's error(), as one line and the bad-input exit code (argparse prints its usage and exits 2)."""
+    import sys
+
+    sys.stderr.write(f"error: {message}; see --help\n")
+    sys.exit(3)
+
+
 def add_arguments(parser) -> None:
     """Listener for `init_command_line_parser`."""
+    parser.error = one_line_error
     # parser.add_argument, not an argument group: only the parser's own method marks options for the web UI.
     parser.add_argument(
         "--model",
@@ -40,6 +68,12 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument(
         "--prompt", default=DEFAULT_PROMPT, env_var="LOCUST_PROMPT", help="Prompt text sent with every request"
+    )
+    parser.add_argument(
+        "--prompt-file",
+        default="",
+        env_var="LOCUST_PROMPT_FILE",
+        help="JSON list of prompt strings used in turn instead of --prompt",
     )
     parser.add_argument(
         "--max-tokens", type=int, default=256, env_var="LOCUST_MAX_TOKENS", help="max_tokens per request"
@@ -194,3 +228,5 @@ def check(options: argparse.Namespace) -> None:
     if options.read_timeout <= 0:
         raise ValueError(f"--read-timeout {options.read_timeout} must be positive (seconds)")
     parse_rate(options.max_error_rate, "--max-error-rate")
+    if getattr(options, "prompt_file", ""):
+        load_prompts(options.prompt_file)

@@ -322,8 +322,10 @@ class RunContext:
         write_run(self.run_dir, data)
 
 
-def discover_model(host: str, timeout: float, api_key: str | None = None) -> str:
-    """GET <host>/v1/models and return the first model id."""
+def list_models(host: str, timeout: float, api_key: str | None = None) -> list[str] | None:
+    """The model ids of GET <host>/v1/models; None when the server has no such endpoint (404).
+
+    Raises SetupError with a one-line fix when the host cannot be reached or refuses the API key."""
     base = URL(host)
     headers = {"Accept": "application/json"}
     if api_key:
@@ -339,13 +341,52 @@ def discover_model(host: str, timeout: float, api_key: str | None = None) -> str
         raise SetupError(
             f"cannot reach {host}/v1/models ({type(e).__name__}: {e}); check --host, or pass --model"
         ) from None
+    if response.status_code in (401, 403):
+        raise SetupError(
+            f"{host} refused the API key (HTTP {response.status_code}); set --api-key or the --api-key-env variable"
+        )
+    if response.status_code == 404:
+        return None
     if response.status_code != 200:
         raise SetupError(f"{host}/v1/models answered HTTP {response.status_code}; pass --model explicitly")
     try:
-        data = json.loads(body)["data"]
-        return str(data[0]["id"])
-    except (ValueError, KeyError, IndexError, TypeError):
-        raise SetupError(f"{host}/v1/models lists no model; pass --model explicitly") from None
+        return [str(m["id"]) for m in json.loads(body)["data"]]
+    except (ValueError, KeyError, TypeError):
+        raise SetupError(f"{host}/v1/models answered something that is not a model list; pass --model") from None
+
+
+def discover_model(host: str, timeout: float, api_key: str | None = None) -> str:
+    """The first model <host>/v1/models lists."""
+    models = list_models(host, timeout, api_key)
+    if not models:
+        raise SetupError(f"{host}/v1/models lists no model; pass --model explicitly")
+    return models[0]
+
+
+def check_run_dir(path: Path) -> None:
+    """The run directory can be created: its nearest existing ancestor is a writable directory."""
+    ancestor = Path(path).absolute()
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise SetupError(
+            f"cannot create run directory {path}: {ancestor} is not a writable directory; pass a writable --run-dir"
+        )
+
+
+def preflight(options) -> None:
+    """Before any load (headless): the host answers, the API key is accepted, --model is a model it serves."""
+    models = list_models(options.host, options.read_timeout, opts_mod.api_key(options))
+    if models is None:
+        if not options.model:
+            raise SetupError(f"{options.host} has no /v1/models to discover the model from; pass --model")
+        logger.warning("%s has no /v1/models: --model %s is not checked", options.host, options.model)
+        return
+    if options.model and options.model not in models:
+        served = ", ".join(models[:5]) + (" …" if len(models) > 5 else "")
+        raise SetupError(f"--model {options.model!r} is not served by {options.host} (it serves: {served})")
+    if not options.model and not models:
+        raise SetupError(f"{options.host}/v1/models lists no model; pass --model explicitly")
 
 
 def fetch_server_version(host: str, timeout: float = 5.0) -> str | None:
@@ -430,7 +471,11 @@ def _on_init(environment, **_kw) -> None:
     if options is not None and environment.runner is not None and not isinstance(environment.runner, WorkerRunner):
         try:
             opts_mod.check(options)
-        except ValueError as e:
+            if options.headless:
+                check_run_dir(Path(options.run_dir or "reports"))
+            if options.headless and options.host:
+                preflight(options)
+        except (ValueError, SetupError) as e:
             if options.headless:
                 sys.stderr.write(f"error: {e}\n")
                 sys.exit(EXIT_SETUP_ERROR)

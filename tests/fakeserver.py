@@ -133,6 +133,8 @@ class Handler(socketserver.StreamRequestHandler):
     def route(self, method: str, path: str, headers: dict, body: bytes, t_recv: float) -> bool:
         cfg: Config = self.server.config
         state: State = self.server.state
+        if cfg.api_key and path.startswith("/v1/") and headers.get("authorization") != f"Bearer {cfg.api_key}":
+            return self.send_json(401, {"error": {"message": "missing or wrong API key", "code": 401}})
         if method == "GET" and path == "/v1/models":
             return self.send_json(200, {"object": "list", "data": [{"id": cfg.model, "object": "model"}]})
         if method == "GET" and path == "/health":

@@ -1,0 +1,86 @@
+"""Bad input: one clear line naming the problem and the fix, exit code 3, and no request sent."""
+
+import pytest
+
+from tests.test_headless import locust
+
+QUICK = ["--steps", "1", "--step-duration", "2s", "--step-warmup", "0s", "--max-tokens", "4"]
+
+
+def one_error_line(proc) -> str:
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and "INFO" not in line]
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr[-2000:]
+    return errors[0]
+
+
+def test_unknown_model(fake_server, tmp_path):
+    server = fake_server("--model", "served-model")
+    line = one_error_line(locust("--host", server.url, *QUICK, "--model", "nope", "--run-dir", str(tmp_path / "r")))
+    assert "--model 'nope' is not served by" in line and "served-model" in line
+    assert server.get("/stats")["requests"] == 0
+
+
+def test_unknown_endpoint_option(fake_server, tmp_path):
+    server = fake_server()
+    line = one_error_line(locust("--host", server.url, *QUICK, "--endpoint", "embeddings"))
+    assert "--endpoint" in line and "embeddings" in line
+    assert server.get("/stats")["requests"] == 0
+
+
+def test_rejected_api_key(fake_server, tmp_path):
+    server = fake_server("--api-key", "right")
+    proc = locust("--host", server.url, *QUICK, "--run-dir", str(tmp_path / "r"), env={"OPENAI_API_KEY": "wrong"})
+    line = one_error_line(proc)
+    assert "refused the API key" in line and "wrong" not in proc.stderr + proc.stdout
+    assert server.get("/stats")["requests"] == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [("[\"ok\", ", "is not JSON"), ('{"prompt": "x"}', "must be a non-empty JSON list"), (None, "No such file")],
+)
+def test_a_prompt_file_that_does_not_parse(fake_server, tmp_path, content, expected):
+    server = fake_server()
+    path = tmp_path / "prompts.json"
+    if content is not None:
+        path.write_text(content)
+    line = one_error_line(locust("--host", server.url, *QUICK, "--prompt-file", str(path)))
+    assert "--prompt-file" in line and expected in line
+    assert server.get("/stats")["requests"] == 0
+
+
+def test_a_prompt_file_is_used_in_turn(fake_server, tmp_path):
+    server = fake_server("--ttft-ms", "2", "--itl-ms", "1")
+    path = tmp_path / "prompts.json"
+    path.write_text('["first prompt", "second prompt"]')
+    proc = locust("--host", server.url, *QUICK, "--prompt-file", str(path), "--run-dir", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_an_unwritable_run_directory(fake_server, tmp_path):
+    server = fake_server()
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    line = one_error_line(locust("--host", server.url, *QUICK, "--run-dir", str(blocker / "run")))
+    assert "cannot create run directory" in line and "--run-dir" in line
+    assert server.get("/stats")["requests"] == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--steps", "0"], "--steps"),
+        (["--step-duration", "soon"], "--step-duration"),
+        (["--step-warmup", "40s", "--step-duration", "30s"], "--step-warmup"),
+        (["--max-tokens", "0"], "--max-tokens"),
+        (["--max-tokens", "many"], "--max-tokens"),
+        (["--read-timeout", "-1"], "--read-timeout"),
+    ],
+)
+def test_invalid_values(fake_server, tmp_path, args, expected):
+    server = fake_server()
+    line = one_error_line(locust("--host", server.url, *args, "--run-dir", str(tmp_path / "r")))
+    assert expected in line
+    assert server.get("/stats")["requests"] == 0
