@@ -178,6 +178,7 @@ def test_ctrl_c_on_a_processes_run_keeps_every_record_of_every_worker(fake_serve
         assert set(local[name]["request_id"]) == set(received[name]["request_id"])
     records = pd.read_parquet(run_dir / "requests.parquet")
     assert len(records) == sum(len(f) for f in local.values())
-    assert (records["error_type"] == "cut_off").sum() > 0  # the streams the interrupt cut are recorded too
+    # Each request is ok, or recorded as cut off by the interrupt (usually a few are: one per user in flight).
+    assert records["status"].eq("ok").sum() + records["error_type"].eq("cut_off").sum() == len(records)
     ok, truth = set(records.loc[records["status"] == "ok", "request_id"]), set(server.get("/truth"))
     assert ok <= truth and len(truth - ok) <= 4  # at most one stream per user ended on the server as it was cut
