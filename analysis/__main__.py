@@ -16,6 +16,23 @@ from analysis.run import STEPS_FILE, finalize
 from analysis.steps import format_table
 
 
+def snapshot(run_dir: Path, report: Path | None, records: Path | None) -> int:
+    """Nothing is written into the run directory: the run is still writing there."""
+    if records is not None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from analysis.records import SCHEMA, merge_records
+
+        df = merge_records(run_dir, write=False)
+        pq.write_table(pa.Table.from_pandas(df, schema=SCHEMA, preserve_index=False), records)
+    if report is not None:
+        from analysis.report import build_report_so_far
+
+        report.write_text(build_report_so_far(run_dir), encoding="utf-8")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -25,7 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("run_dir", type=Path)
     report.add_argument("--compare", type=Path, nargs="*", default=[], help="other run directories to overlay")
     sub.add_parser("glossary", help="print the metric glossary as a Markdown table (the README's)")
+    snap = sub.add_parser("snapshot", help="the report and/or the records of a run in progress, written elsewhere")
+    snap.add_argument("run_dir", type=Path)
+    snap.add_argument("--report", type=Path, help="write report.html of the run so far here")
+    snap.add_argument("--records", type=Path, help="write requests.parquet of the run so far here")
     args = parser.parse_args(argv)
+    if args.command == "snapshot":
+        return snapshot(args.run_dir, args.report, args.records)
     if args.command == "glossary":
         from analysis.glossary import markdown_table
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flask import Response, request
@@ -181,35 +183,36 @@ class LLMTab:
     def _run_dir(self):
         return self.ctx.run_dir or self.ctx.last_run_dir
 
-    def _records_download(self) -> Response:
-        import io
+    def _snapshot(self, kind: str, filename: str, mimetype: str) -> Response:
+        """Build a download in a separate process: pandas and plotly would hold this process's event loop (and with
+        it every stream's timestamps) for seconds; gevent's subprocess waits for it cooperatively."""
+        import tempfile
 
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        from analysis.records import SCHEMA, merge_records
+        from gevent import subprocess
 
         run_dir = self._run_dir()
         if run_dir is None:
             return Response("no run yet: start one first\n", status=404, mimetype="text/plain")
-        df = merge_records(run_dir, write=False)
-        buf = io.BytesIO()
-        pq.write_table(pa.Table.from_pandas(df, schema=SCHEMA, preserve_index=False), buf)
+        with tempfile.TemporaryDirectory(prefix="vllm-loadtest-") as tmp:
+            out = Path(tmp) / filename
+            proc = subprocess.run(
+                [sys.executable, "-m", "analysis", "snapshot", str(run_dir), f"--{kind}", str(out)],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            if proc.returncode != 0 or not out.exists():
+                logger.error("cannot build the %s of %s: %s", kind, run_dir, proc.stderr.strip()[-2000:])
+                return Response(f"cannot build the {kind}; see the Locust log\n", status=500, mimetype="text/plain")
+            data = out.read_bytes()
         return Response(
-            buf.getvalue(),
-            mimetype="application/vnd.apache.parquet",
-            headers={"Content-Disposition": f"attachment; filename={run_dir.name}-requests.parquet"},
+            data,
+            mimetype=mimetype,
+            headers={"Content-Disposition": f"attachment; filename={run_dir.name}-{filename}"},
         )
+
+    def _records_download(self) -> Response:
+        return self._snapshot("records", "requests.parquet", "application/vnd.apache.parquet")
 
     def _report_download(self) -> Response:
-        from analysis.report import build_report_so_far
-
-        run_dir = self._run_dir()
-        if run_dir is None:
-            return Response("no run yet: start one first\n", status=404, mimetype="text/plain")
-        page = build_report_so_far(run_dir, self.ctx.tracker.timeline or None)
-        return Response(
-            page,
-            mimetype="text/html",
-            headers={"Content-Disposition": f"attachment; filename={run_dir.name}-report.html"},
-        )
+        return self._snapshot("report", "report.html", "text/html")
