@@ -127,6 +127,7 @@ class RunContext:
         self.last_live: tuple | None = None
         self.last_run_dir: Path | None = None
         self.tab = None  # the web UI's LLM tab (locustfiles/webui.py), when there is a web UI
+        self.last_samples: list | None = None  # the last run's last scrape
         self.errors_over_limit: bool | None = None  # the last finished run's verdict, for the exit code
         if isinstance(environment.runner, MasterRunner):
             self.ledger = WorkerLedger(
@@ -207,6 +208,7 @@ class RunContext:
         if self.is_controller:
             self.live.reset()
             self.last_live = None
+            self.last_samples = None
         if self.is_controller:
             self.server_version = None
             self._save_timeline(self.tracker.timeline)
@@ -228,6 +230,7 @@ class RunContext:
             self.workers = self.ledger.finish(environment.stop_timeout or 0.0)
         if self.scraper is not None:
             self.scraper.stop()
+            self.last_samples = self.scraper.last_samples  # the live view keeps the server's last values
             self.scraper = None
         if self.is_controller and self.run_dir is not None:
             self.tracker.end()

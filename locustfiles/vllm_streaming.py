@@ -4,9 +4,8 @@
         --steps 1,2,4,8,16,32,64 --step-duration 30s --max-tokens 256 --ignore-eos
 """
 
-from locustfiles import plugin
+from locustfiles import plugin, shape
 from locustfiles.openai_user import OpenAIStreamingUser
-from locustfiles.shape import StepLoadShape
 
 plugin.install()
 
@@ -15,5 +14,5 @@ class VLLMUser(OpenAIStreamingUser):
     pass
 
 
-class Steps(StepLoadShape):
+class Steps(shape.StepLoadShape):  # the module, not the class: Locust lists every shape class it finds
     pass

@@ -121,8 +121,10 @@ class LLMTab:
         timeline = ctx.tracker.timeline
         if not timeline and ctx.last_live is None:
             return []
-        scrape = ctx.scraper.last_samples if ctx.scraper is not None else None
+        # After the run: the last scrape's values (the scraper is gone), and the last step, not a "current" one.
+        scrape = ctx.scraper.last_samples if ctx.scraper is not None else ctx.last_samples
         gauges = latest_gauges(scrape, ctx.environment.parsed_options.model or None)
+        running = self.environment.runner.state in ("spawning", "running")
         if timeline:
             table, whole = live_table(ctx.live.frame(), timeline, time.time())
         else:  # the run ended: keep showing its last numbers
@@ -130,13 +132,13 @@ class LLMTab:
         rows = []
         if len(table):
             current = table.iloc[-1].to_dict()
-            rows.append(_row("current step" if timeline else "last step", current, gauges))
+            rows.append(_row("current step" if running else "last step", current, gauges))
         if whole:
             rows.append(_row("whole run", whole, gauges))
         return rows
 
     def _inject(self, response: Response) -> Response:
-        if request.path != "/stats/requests" or response.status_code != 200:
+        if not request.path.endswith("/stats/requests") or response.status_code != 200:  # also under a base path
             return response
         try:
             data = json.loads(response.get_data())

@@ -481,13 +481,6 @@ class LoopProbe:
         self._thread.join(15)
 
 
-@pytest.mark.xfail(
-    raises=StaleLLMTab,
-    strict=True,
-    reason="locustfiles/webui.py labels its rows by the step timeline, which test_stop clears only after the "
-    "results are written, while Locust already answers state 'stopped' (after which its UI polls no more); and "
-    "it drops the server's gauges when the scraper stops",
-)
 def test_llm_tab_after_a_run_that_ended_by_itself(vllm_server, tmp_path):
     """When the stepped run ends by itself, the page left open shows the run as finished: "last step" rows, with
     the server's gauges from the last scrape.

@@ -2,9 +2,8 @@
 
 from locust import constant
 
-from locustfiles import plugin
+from locustfiles import plugin, shape
 from locustfiles.openai_user import OpenAIStreamingUser
-from locustfiles.shape import StepLoadShape
 
 plugin.install()
 
@@ -18,5 +17,5 @@ class CrashingUser(OpenAIStreamingUser):
     wait_time = constant(0.1)
 
 
-class Steps(StepLoadShape):
+class Steps(shape.StepLoadShape):  # the module, not the class: Locust lists every shape class it finds
     pass
