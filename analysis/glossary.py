@@ -107,7 +107,7 @@ _METRICS += [
     Metric(
         "ttft_gap_mean",
         "s",
-        "Client-minus-server TTFT over the same requests: the mean ttft_s of the ok requests whose first token "
+        "Client-minus-server TTFT over the same requests: the mean ttft_s of the requests whose first token "
         "arrived between the two scrapes that bound a step's server_ttft, minus server_ttft's mean; the time "
         "outside vLLM's engine clock (HTTP, request processing, detokenization, streaming, network, client).",
     ),
