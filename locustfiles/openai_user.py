@@ -2,19 +2,20 @@
 
 Why not HttpUser/FastHttpUser: for a streamed response their Locust entry carries the time to the headers,
 `catch_response` loses exceptions that are not ResponseErrors (a reset mid-stream would vanish), and their
-line iterators read 1 KiB blocks, which delays and bunches token arrivals. This user owns one
-geventhttpclient connection, stamps each SSE line right after it is read, parses after the stream ends, and
-fires exactly one Locust request event per stream with the end-to-end time and a categorized failure.
+line iterators read 1 KiB blocks, which delays and bunches token arrivals. This user owns one connection
+(locustfiles/stream_client.py: connect, stamp, send prepared bytes; one stamp per read), parses each line as
+it is read (a few µs), and fires exactly one Locust request event per stream with the end-to-end time and a
+categorized failure.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import secrets
 import time
-import uuid
 
 from gevent import GreenletExit
-from geventhttpclient import HTTPClient
 from geventhttpclient.response import HTTPParseError
 from geventhttpclient.url import URL
 from locust import User, constant, task
@@ -33,8 +34,8 @@ from analysis.sse import (
 )
 from locustfiles import options as options_mod
 from locustfiles.options import ENDPOINTS
+from locustfiles.stream_client import StreamClient
 
-MAX_ERROR_BODY = 64 * 1024  # bytes of a non-200 body kept to extract the server's message
 CONNECT_TIMEOUT_S = 30.0
 
 
@@ -104,29 +105,32 @@ class OpenAIStreamingUser(User):
         base = URL(self.host)
         self.path = base.path.rstrip("/") + ENDPOINTS[opts.endpoint]
         prompts = options_mod.load_prompts(opts.prompt_file) if getattr(opts, "prompt_file", "") else [None]
-        # Serialized once: the request path then only hands prepared bytes to the socket.
-        self.bodies = [json.dumps(build_payload(opts, self.model, p)).encode() for p in prompts]
-        self.body = self.bodies[0]
-        self._next_body = 0
-        self.headers = {
+        headers = {
             "Content-Type": "application/json",
             "Accept": "text/event-stream",
             "Accept-Encoding": "identity",  # a compressed event stream cannot be stamped line by line
         }
-        if not opts.keep_alive:
-            # A fresh connection per request. Reusing one at once races uvicorn's keep-alive timer (uvicorn
-            # #824/#1637): a request that arrives before the server has finished the previous response is closed
-            # 5 s later without an answer. Seen here 13 times in one demo run; a loopback connect costs ~0.1 ms.
-            self.headers["Connection"] = "close"
+        # Without --keep-alive, a fresh connection per request (StreamClient sends "Connection: close"). Reusing
+        # one at once races uvicorn's keep-alive timer (uvicorn #824/#1637): a request that arrives before the
+        # server has finished the previous response is closed 5 s later without an answer. Seen here 13 times in
+        # one demo run; a loopback connect costs ~0.1 ms, and it is made before the send stamp.
         api_key = options_mod.api_key(opts)
         if api_key:
-            self.headers["Authorization"] = f"Bearer {api_key}"
-        self.http = HTTPClient.from_url(
+            headers["Authorization"] = f"Bearer {api_key}"
+        self.http = StreamClient(
             base,
-            concurrency=1,
+            self.path,
+            headers,
             connection_timeout=min(CONNECT_TIMEOUT_S, opts.read_timeout),
             network_timeout=opts.read_timeout,
+            keep_alive=opts.keep_alive,
         )
+        # Serialized once, HTTP head included: the request path then only hands prepared bytes to the socket.
+        self.bodies = [self.http.prepare(json.dumps(build_payload(opts, self.model, p)).encode()) for p in prompts]
+        self._next_body = 0
+        # Request ids: a random per-user prefix and a counter (32 hex digits like a uuid4, without a getrandom
+        # system call per request: 50 µs each under the profiler).
+        self._ids = map(f"{secrets.token_hex(10)}{{:012x}}".format, itertools.count())
 
     def on_stop(self) -> None:
         http = getattr(self, "http", None)
@@ -138,66 +142,49 @@ class OpenAIStreamingUser(User):
         self.stream_completion()
 
     def stream_completion(self) -> RequestRecord:
-        """Send one streaming request, stamp every line, then parse, record and report it."""
+        """Send one streaming request, stamp every read, parse its lines, then record and report it."""
         step, users, warmup = self.run.tracker.current()
         record = RequestRecord(
-            request_id=uuid.uuid4().hex, worker=self.run.worker_name, step=step, users=users, warmup=warmup,
+            request_id=next(self._ids), worker=self.run.worker_name, step=step, users=users, warmup=warmup,
             start_time=0.0, endpoint=self.endpoint, model=self.model,
         )  # fmt: skip
-        headers = {**self.headers, "X-Request-Id": record.request_id}
         parser = StreamParser()
-        clock = time.perf_counter
+        http = self.http
         failure: LLMRequestError | None = None
-        content_type = ""
-        nbytes = 0
-        body = self.bodies[self._next_body % len(self.bodies)]
+        prepared = self.bodies[self._next_body % len(self.bodies)]
         self._next_body += 1
-        record.start_time = time.time()
-        t0 = clock()
         try:
-            response = self.http.request("POST", self.path, body=body, headers=headers)
-            record.http_status = response.status_code
-            if record.http_status != 200:
-                body = response.read(MAX_ERROR_BODY)
-                failure = LLMRequestError(f"http_{record.http_status}", error_message_from_body(body))
-            else:
-                content_type = str(response.get("content-type") or "")
-                readline = response.readline
-                feed = parser.feed
-                # Hot loop: read a line, stamp it, then parse it (a few µs). Parsing per line rather than after
-                # the stream spreads the CPU: a 256-token stream parsed at its end blocked the other users'
-                # greenlets for about 1 ms, delaying their timestamps (tests/benchmarks/bench_parse.py).
-                while True:
-                    line = readline(b"\n")
-                    t = clock()
-                    if not line:
-                        break
-                    feed(t - t0, line)
-                    nbytes += len(line)
+            http.stream(prepared, record.request_id, parser.feed)
+            if http.status == 0:
+                failure = LLMRequestError(CONNECTION_ERROR, "the server closed the connection before answering")
+            elif http.status != 200:
+                failure = LLMRequestError(f"http_{http.status}", error_message_from_body(http.error_body))
         except GreenletExit:
-            cut = LLMRequestError(CUT_OFF, "the load generator stopped this user mid-request")
-            self._finish(record, clock() - t0, parser.result, cut, content_type, nbytes, report=False)
+            if http.t0:  # stopped while connecting: nothing was sent, so there is no request to record
+                cut = LLMRequestError(CUT_OFF, "the load generator stopped this user mid-request")
+                self._finish(record, parser.result, cut, report=False)
             raise
         except TimeoutError as e:  # socket.timeout is TimeoutError since Python 3.10
             timeout = self.environment.parsed_options.read_timeout
             failure = LLMRequestError(TIMEOUT, f"no data for {timeout:g} s ({e or 'timed out'})")
         except (OSError, HTTPParseError) as e:
             failure = LLMRequestError(CONNECTION_ERROR, f"{type(e).__name__}: {e}")
-        return self._finish(record, clock() - t0, parser.result, failure, content_type, nbytes)
+        return self._finish(record, parser.result, failure)
 
     def _finish(
-        self,
-        record: RequestRecord,
-        duration: float,
-        parsed: ParsedStream,
-        failure: LLMRequestError | None,
-        content_type: str,
-        nbytes: int,
-        report: bool = True,
+        self, record: RequestRecord, parsed: ParsedStream, failure: LLMRequestError | None, report: bool = True
     ) -> RequestRecord:
         """Fill the record's measurements from the parsed stream, hand it to listeners, report it to Locust."""
+        http = self.http
+        record.http_status = http.status or None
+        if http.t0:  # the request was sent: times count from its send stamp
+            record.start_time = http.start_time
+            duration = time.perf_counter() - http.t0
+        else:  # failed before the send (connecting): the attempt's time is the time spent connecting
+            record.start_time = http.connect_time
+            duration = time.perf_counter() - http.connect_t
         if failure is None:
-            failure = _stream_outcome(parsed, content_type)
+            failure = _stream_outcome(parsed, http.content_type)
         ttft = glossary.ttft_s(parsed.token_offsets_s)
         e2e = glossary.e2e_s(parsed.token_offsets_s)
         output_tokens = parsed.output_tokens if parsed.token_offsets_s or parsed.usage_completion_tokens else None
@@ -220,7 +207,7 @@ class OpenAIStreamingUser(User):
                 request_type="POST",
                 name=ENDPOINTS[self.endpoint],
                 response_time=((e2e if failure is None else duration) or 0.0) * 1000.0,
-                response_length=nbytes,
+                response_length=http.nbytes,
                 response=None,
                 context={"request_id": record.request_id},
                 exception=failure,
