@@ -16,21 +16,14 @@ import orjson
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from prometheus_client.parser import text_string_to_metric_families
+
+from analysis.prometheus_text import ALIASES, SCRAPES_FILE, parse_samples, scrape_line  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.parquet"
-SCRAPES_FILE = "metrics.jsonl"  # appended during the run, one line per scrape; merged into metrics.parquet
 UP = "up"  # one sample per scrape: 1 when it succeeded, 0 for a gap (labels carry the error)
 
-# Old (V0 engine) names -> the names of vLLM 0.32 (V1 engine).
-ALIASES = {
-    "vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc",
-    "vllm:cpu_cache_usage_perc": "vllm:kv_cache_usage_perc",
-    "vllm:gpu_prefix_cache_queries_total": "vllm:prefix_cache_queries_total",
-    "vllm:gpu_prefix_cache_hits_total": "vllm:prefix_cache_hits_total",
-}
 KV_CACHE = "vllm:kv_cache_usage_perc"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -69,23 +62,6 @@ SCHEMA = pa.schema(
 )
 
 
-def parse_samples(text: str, prefix: str = "vllm:", model: str | None = None) -> list[tuple[str, dict, float]]:
-    """(metric, labels, value) of every sample whose name starts with `prefix`, under vLLM 0.32's names.
-
-    `*_created` samples (a counter's creation time) are dropped; with `model`, so are samples of other models
-    (samples without a model_name label are kept: they describe the whole server).
-    """
-    out = []
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if not s.name.startswith(prefix) or s.name.endswith("_created"):
-                continue
-            if model is not None and s.labels.get("model_name", model) != model:
-                continue
-            out.append((ALIASES.get(s.name, s.name), dict(s.labels), float(s.value)))
-    return out
-
-
 def counter_total(samples: list[tuple[str, dict, float]], metric: str, model: str | None = None) -> float:
     """Sum of a metric's samples over all label sets (optionally of one model_name)."""
     return sum(
@@ -93,11 +69,6 @@ def counter_total(samples: list[tuple[str, dict, float]], metric: str, model: st
         for name, labels, v in samples
         if name == metric and (model is None or labels.get("model_name", model) == model)
     )
-
-
-def scrape_line(timestamp: float, samples: list[tuple[str, dict, float]] | None, error: str | None = None) -> bytes:
-    """One line of metrics.jsonl: a scrape's samples, or a gap with its error."""
-    return orjson.dumps({"t": timestamp, "samples": samples, "error": error}, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def merge_scrapes(run_dir: Path, write: bool = True) -> pd.DataFrame:
