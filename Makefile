@@ -43,6 +43,7 @@ test-fast: venv lint browser
 bench: venv
 	$(PY) -m tests.benchmarks.bench_parse
 	$(PY) -m tests.benchmarks.bench_accuracy
+	$(PY) -m tests.benchmarks.bench_analysis
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache *.egg-info

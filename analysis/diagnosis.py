@@ -8,6 +8,8 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
+from analysis.generator import ADVICE, flagged, reasons
+
 KNEE_GAIN = 0.10  # a doubling of users that adds less aggregate tok/s than this is past the knee
 # KV-cache usage at or above this counts as full. Not lower: with 32 requests running against a cap of
 # max_num_seqs = 32, a 128-block cache measured 91 % while 32 more waited; a 1-block prompt still fitted, so the
@@ -18,6 +20,7 @@ KV_CACHE = "KV cache"
 COMPUTE = "compute"
 BATCH_SLOTS = "batch slots (max_num_seqs)"
 UNKNOWN = "unknown (no server metrics)"
+LOAD_GENERATOR = "the load generator"
 
 
 @dataclass
@@ -45,8 +48,11 @@ def _count(v: float | None) -> str:
 
 
 def binding_resource(row: pd.Series) -> str:
-    """KV cache when it is full (>= 95 %) or preempts; batch slots when requests wait with KV cache to spare;
+    """The load generator when the step is generator-bound (its timings cannot be trusted, so it comes first);
+    KV cache when it is full (>= 95 %) or preempts; batch slots when requests wait with KV cache to spare;
     else compute."""
+    if flagged(row.get("generator_bound")):
+        return LOAD_GENERATOR
     kv, waiting, preempt = row.get("kv_cache_usage_max"), row.get("waiting_max"), row.get("preemptions")
     if kv is None or pd.isna(kv):
         return UNKNOWN
@@ -57,8 +63,35 @@ def binding_resource(row: pd.Series) -> str:
     return COMPUTE
 
 
+def _binding_line(row: pd.Series, resource: str) -> str:
+    users = int(row["users"])
+    if resource == LOAD_GENERATOR:
+        return (
+            f"At {users} users the load generator binds ({reasons(row)}): the client could not keep up, so this "
+            f"step's latencies read high and its throughput low; {ADVICE}."
+        )
+    if resource == KV_CACHE:
+        return (
+            f"At {users} users the KV cache binds: usage peaked at {row['kv_cache_usage_max']:.0%}, "
+            f"up to {_count(row.get('waiting_max'))} requests waited and {_count(row.get('preemptions'))} were "
+            "preempted."
+        )
+    if resource == BATCH_SLOTS:
+        return (
+            f"At {users} users requests wait (up to {_count(row['waiting_max'])}) while the KV cache "
+            f"has room (peak {row['kv_cache_usage_max']:.0%}): the batch-size limit binds."
+        )
+    if resource == COMPUTE:
+        return (
+            f"At {users} users compute binds: throughput is flat while the KV cache has room "
+            f"(peak {row['kv_cache_usage_max']:.0%}) and nothing waits."
+        )
+    return f"At {users} users the binding resource is unknown: no server metrics."
+
+
 def diagnose(table: pd.DataFrame) -> Diagnosis:
-    """The knee: the first step after which doubling users adds under 10 % aggregate tok/s."""
+    """The knee: the first step after which doubling users adds under 10 % aggregate tok/s; the binding resource
+    of every step from the knee on, and of every generator-bound step (before the knee, or without one)."""
     d = Diagnosis()
     rows = table.sort_values("users").reset_index(drop=True)
     for i in range(len(rows) - 1):
@@ -72,34 +105,18 @@ def diagnose(table: pd.DataFrame) -> Diagnosis:
                 "doubling of users)."
             )
             break
-    if d.knee_step is None:
-        if len(rows) >= 2:
-            d.text.append(
-                "No knee: every doubling of users added at least 10 % aggregate tok/s; the server still "
-                "had room at the highest step."
-            )
-        return d
-    for _, row in rows[rows["users"] >= d.knee_users].iterrows():
-        resource = binding_resource(row)
-        d.binding[int(row["step"])] = resource
-        if resource == KV_CACHE:
-            d.text.append(
-                f"At {int(row['users'])} users the KV cache binds: usage peaked at {row['kv_cache_usage_max']:.0%}, "
-                f"up to {_count(row.get('waiting_max'))} requests waited and {_count(row.get('preemptions'))} were "
-                "preempted."
-            )
-        elif resource == BATCH_SLOTS:
-            d.text.append(
-                f"At {int(row['users'])} users requests wait (up to {_count(row['waiting_max'])}) while the KV cache "
-                f"has room (peak {row['kv_cache_usage_max']:.0%}): the batch-size limit binds."
-            )
-        elif resource == COMPUTE:
-            d.text.append(
-                f"At {int(row['users'])} users compute binds: throughput is flat while the KV cache has room "
-                f"(peak {row['kv_cache_usage_max']:.0%}) and nothing waits."
-            )
+    if d.knee_step is None and len(rows) >= 2:
+        if flagged(rows.iloc[-1].get("generator_bound")):
+            room = "whether the server still had room at the highest step is unknown: the load generator bound there"
         else:
-            d.text.append(f"At {int(row['users'])} users the binding resource is unknown: no server metrics.")
+            room = "the server still had room at the highest step"
+        d.text.append(f"No knee: every doubling of users added at least 10 % aggregate tok/s; {room}.")
+    for _, row in rows.iterrows():
+        past_knee = d.knee_users is not None and row["users"] >= d.knee_users
+        if past_knee or flagged(row.get("generator_bound")):
+            resource = binding_resource(row)
+            d.binding[int(row["step"])] = resource
+            d.text.append(_binding_line(row, resource))
     return d
 
 

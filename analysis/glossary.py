@@ -11,6 +11,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from analysis.generator import CPU_BOUND, LAG_BOUND_S, PROBE_INTERVAL_S
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -110,6 +112,43 @@ _METRICS += [
         "Client-minus-server TTFT over the same requests: the mean ttft_s of the requests whose first token "
         "arrived between the two scrapes that bound a step's server_ttft, minus server_ttft's mean; the time "
         "outside vLLM's engine clock (HTTP, request processing, detokenization, streaming, network, client).",
+    ),
+]
+
+# The load generator's self-checks (generator.parquet), summarized per step over the same measured window.
+_METRICS += [
+    Metric(
+        "generator_lag",
+        "s",
+        f"Event-loop lag of a load-generating process: a probe greenlet sleeps {PROBE_INTERVAL_S * 1000:.0f} ms, over "
+        "and over, and records how late it woke (actual - intended wake time), the wait every stream's timestamp "
+        "suffers too. Per step, generator_lag_p50_s, generator_lag_p99_s and generator_lag_max_s: the highest over "
+        "the processes of each process's p50, p99 and max of its samples in the window (those of its rows of "
+        "generator.parquet whose timestamp lies in the window).",
+    ),
+    Metric(
+        "generator_cpu_max",
+        "fraction",
+        "Max over the load-generating processes of the process's CPU use in the window: sum of cpu_s / sum of "
+        "interval_s of its samples there (1 = one full core).",
+    ),
+    Metric(
+        "users_achieved_mean",
+        "users",
+        "Users actually running: sum over the load-generating processes of the mean of users_achieved over each "
+        "one's samples in the window, weighted by interval_s; to compare with users, the step's target.",
+    ),
+    Metric(
+        "generator_processes",
+        "processes",
+        "Load-generating processes with self-check samples in the window.",
+    ),
+    Metric(
+        "generator_bound",
+        "bool",
+        f"generator_lag_p99_s > {LAG_BOUND_S} or generator_cpu_max > {CPU_BOUND}: the load generator could not "
+        "keep up, so the step's latencies read high and its throughput low (add worker processes); empty when the "
+        "step has no samples.",
     ),
 ]
 

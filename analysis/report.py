@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import subprocess
 from pathlib import Path
 
@@ -18,14 +19,21 @@ from plotly.subplots import make_subplots
 
 from analysis import __version__ as SUITE_VERSION
 from analysis.diagnosis import diagnose, utc, worker_lines
+from analysis.generator import ADVICE, CPU_BOUND, LAG_BOUND_S, bound_steps, flagged, load_generator
 from analysis.glossary import GLOSSARY
 from analysis.integrity import integrity
-from analysis.records import load_records
+from analysis.records import REQUEST_COLUMNS, load_records
 from analysis.run import STEPS_FILE, read_run
 from analysis.server_metrics import KV_CACHE, RUNNING, WAITING, ServerSeries, load_metrics, server_info
 from analysis.sse import CUT_OFF
 
 REPORT_FILE = "report.html"
+# Charts of a long run at high load stay a few MB (a one-hour run can hold hundreds of thousands of requests):
+# a CDF is drawn through at most ~1,200 of its exact points (cdf_points), and the TTFT timeline shows one marker per
+# request up to TIMELINE_POINTS requests, beyond that the TIMELINE_POINTS / 10 slowest and an even sample of the others.
+CDF_RANKS = 1000
+CDF_TAIL_RANKS = 100
+TIMELINE_POINTS = 50_000
 MISMATCH_LI = "<li style='color:#b00;font-weight:bold'>"
 SUMMARY_FILE = "summary.json"
 
@@ -134,7 +142,21 @@ def _single_model(records: pd.DataFrame) -> str | None:
     return str(models[0]) if len(models) == 1 else None
 
 
+def _ttft_points(ok: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The requests the timeline's TTFT chart shows, and its title."""
+    if len(ok) <= TIMELINE_POINTS:
+        return ok, "TTFT of each request"
+    ok = ok.reset_index(drop=True)  # the sample is taken by label
+    slowest = ok["ttft_s"].nlargest(TIMELINE_POINTS // 10).index
+    rest = ok.drop(index=slowest)
+    every = math.ceil(len(rest) / (TIMELINE_POINTS - len(slowest)))
+    shown = pd.concat([ok.loc[slowest], rest.iloc[::every]])
+    return shown, f"TTFT: the {len(slowest):,} slowest requests and 1 in {every} of the others ({len(ok):,} in all)"
+
+
 def _timeline(records: pd.DataFrame, metrics: pd.DataFrame | None, timeline: list[dict]) -> go.Figure:
+    ok = records[records["status"] == "ok"]
+    ttft_shown, ttft_title = _ttft_points(ok)
     fig = make_subplots(
         rows=3,
         cols=1,
@@ -142,7 +164,7 @@ def _timeline(records: pd.DataFrame, metrics: pd.DataFrame | None, timeline: lis
         vertical_spacing=0.05,
         subplot_titles=(
             "users and aggregate tok/s (1 s bins, by completion)",
-            "TTFT of each request",
+            ttft_title,
             "server: KV-cache usage, running and waiting requests",
         ),
         specs=[[{"secondary_y": True}], [{}], [{"secondary_y": True}]],
@@ -155,7 +177,6 @@ def _timeline(records: pd.DataFrame, metrics: pd.DataFrame | None, timeline: lis
             xs += [step["start_time"] - t0, end - t0]
             ys += [step["users"], step["users"]]
         fig.add_trace(go.Scatter(x=xs, y=ys, name="users", line={"shape": "hv"}), row=1, col=1)
-    ok = records[records["status"] == "ok"]
     if len(ok):
         end = (ok["start_time"] + ok["e2e_s"] - t0).astype(float)
         bins = np.floor(end).astype(int)
@@ -165,7 +186,11 @@ def _timeline(records: pd.DataFrame, metrics: pd.DataFrame | None, timeline: lis
         )
         fig.add_trace(
             go.Scattergl(
-                x=ok["start_time"] - t0, y=ok["ttft_s"] * 1000, mode="markers", marker={"size": 3}, name="TTFT (ms)"
+                x=ttft_shown["start_time"] - t0,
+                y=ttft_shown["ttft_s"] * 1000,
+                mode="markers",
+                marker={"size": 3},
+                name="TTFT (ms)",
             ),
             row=2,
             col=1,
@@ -191,6 +216,66 @@ def _timeline(records: pd.DataFrame, metrics: pd.DataFrame | None, timeline: lis
     return fig
 
 
+def _generator(samples: pd.DataFrame, timeline: list[dict], t0: float) -> go.Figure:
+    """Each load-generating process's self-checks over time, against the bounds that flag a step."""
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.08,
+        subplot_titles=(
+            "event-loop lag of each load process: p99 and max of each second's probe samples (ms)",
+            "CPU of each load process (fraction of one core)",
+        ),
+    )
+    for worker, g in samples.groupby("worker"):
+        x = g["timestamp"] - t0
+        lags = [np.asarray(v, dtype=float) for v in g["lag_s"]]
+        p99 = [float(np.percentile(v, 99)) * 1000 if v.size else None for v in lags]
+        top = [float(v.max()) * 1000 if v.size else None for v in lags]
+        fig.add_trace(go.Scatter(x=x, y=p99, mode="lines", name=f"{worker} lag p99"), row=1, col=1)
+        max_line = go.Scatter(x=x, y=top, mode="lines", line={"dash": "dot"}, name=f"{worker} lag max")
+        fig.add_trace(max_line, row=1, col=1)
+        fig.add_trace(go.Scatter(x=x, y=g["cpu_fraction"], mode="lines", name=f"{worker} CPU"), row=2, col=1)
+    fig.add_hline(y=LAG_BOUND_S * 1000, line={"dash": "dash", "color": "#b00"}, row=1, col=1)
+    fig.add_hline(y=CPU_BOUND, line={"dash": "dash", "color": "#b00"}, row=2, col=1)
+    for step in timeline:
+        fig.add_vline(x=step["start_time"] - t0, line={"dash": "dot", "color": "grey"})
+    fig.update_yaxes(type="log", title_text="lag (ms)", row=1, col=1)
+    fig.update_yaxes(title_text="CPU", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text="seconds since the run started", row=2, col=1)
+    fig.update_layout(title="Load generator self-checks (dashed red: the generator-bound limits)", height=560)
+    return fig
+
+
+def _generator_html(table: pd.DataFrame) -> str:
+    """The generator-bound steps, shown before anything else: their client-side numbers are not the server's."""
+    bound = bound_steps(table)
+    if not len(bound):
+        return ""
+    which = ", ".join(f"{int(r['step'])} ({int(r['users'])} users)" for _, r in bound.iterrows())
+    return (
+        f"<p style='color:#b00;font-weight:bold'>GENERATOR-BOUND steps {html.escape(which)}: the load generator could "
+        "not keep up, so their latencies read high and their throughput low (marked in the per-step table). To "
+        f"measure the server, {html.escape(ADVICE)}.</p>"
+    )
+
+
+def cdf_points(sorted_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y): points of the empirical CDF of the sorted values (the i-th smallest at y = i / n); every point up to
+    CDF_RANKS + 2 * CDF_TAIL_RANKS values, beyond that only some of them, each one still exact: evenly spaced ranks
+    (the line drawn through them stays within 1 / CDF_RANKS of the CDF everywhere), log-spaced ranks in both tails
+    (p99.9, p99.99 … stay where they are) and the smallest and largest values."""
+    n = len(sorted_values)
+    if n <= CDF_RANKS + 2 * CDF_TAIL_RANKS:
+        ranks = np.arange(n)
+    else:
+        tail = np.unique(np.ceil(np.geomspace(1, n / 100, CDF_TAIL_RANKS)).astype(np.int64))  # 1 … n / 100
+        even = np.round(np.linspace(0, n - 1, CDF_RANKS + 1)).astype(np.int64)
+        ranks = np.unique(np.concatenate([even, tail - 1, n - tail]))
+    return sorted_values[ranks], (ranks + 1) / n
+
+
 def _cdfs(records: pd.DataFrame) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, subplot_titles=("TTFT CDF (ms)", "TPOT CDF (ms)"))
     ok = records[(records["status"] == "ok") & ~records["warmup"].astype(bool)]
@@ -198,10 +283,11 @@ def _cdfs(records: pd.DataFrame) -> go.Figure:
         for col, metric in ((1, "ttft_s"), (2, "tpot_s")):
             v = np.sort(group[metric].dropna().to_numpy(dtype=float)) * 1000
             if len(v):
+                x, y = cdf_points(v)
                 fig.add_trace(
                     go.Scatter(
-                        x=v,
-                        y=np.arange(1, len(v) + 1) / len(v),
+                        x=x,
+                        y=y,
                         mode="lines",
                         name=f"{users} users ({metric[:4].upper()})",
                     ),
@@ -215,11 +301,13 @@ def _cdfs(records: pd.DataFrame) -> go.Figure:
 def _table_html(table: pd.DataFrame) -> str:
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
     rows = []
-    for r in table.itertuples(index=False):
+    bound = table["generator_bound"].map(flagged) if "generator_bound" in table.columns else [False] * len(table)
+    for r, is_bound in zip(table.itertuples(index=False), bound):
         cells = "".join(
             f"<td>{'' if pd.isna(v) else html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}</td>" for v in r
         )
-        rows.append(f"<tr>{cells}</tr>")
+        style = " style='background:#fdd' title='generator-bound'" if is_bound else ""
+        rows.append(f"<tr{style}>{cells}</tr>")
     # ~40 columns: the table scrolls inside its own box instead of widening the page past the charts.
     return (
         f"<div style='overflow-x:auto'><table><thead><tr>{head}</tr></thead>"
@@ -254,6 +342,7 @@ def build_report_so_far(run_dir: Path, timeline: list[dict] | None = None) -> st
     """report.html of a run still in progress, from its raw files, without writing anything into its directory."""
     import time
 
+    from analysis.generator import merge_generator
     from analysis.records import merge_records
     from analysis.run import compute_table
     from analysis.server_metrics import SCRAPES_FILE, merge_scrapes
@@ -269,8 +358,9 @@ def build_report_so_far(run_dir: Path, timeline: list[dict] | None = None) -> st
             step["end_time"] = now
     run["timeline"] = timeline
     metrics = merge_scrapes(run_dir, write=False) if (run_dir / SCRAPES_FILE).exists() else load_metrics(run_dir)
-    table = compute_table(records, timeline, metrics)
-    return build_report(run_dir, records=records, table=table, metrics=metrics, run=run)
+    generator = merge_generator(run_dir, write=False)
+    table = compute_table(records, timeline, metrics, generator)
+    return build_report(run_dir, records=records, table=table, metrics=metrics, run=run, generator=generator)
 
 
 def build_report(
@@ -281,6 +371,7 @@ def build_report(
     table: pd.DataFrame | None = None,
     metrics: pd.DataFrame | None = None,
     run: dict | None = None,
+    generator: pd.DataFrame | None = None,
 ) -> str:
     """report.html from the run directory's files (or from data already in memory)."""
     run_dir = Path(run_dir)
@@ -288,6 +379,7 @@ def build_report(
     table = pd.read_csv(run_dir / STEPS_FILE) if table is None else table
     run = read_run(run_dir) if run is None else run
     metrics = load_metrics(run_dir) if metrics is None else metrics
+    generator = load_generator(run_dir) if generator is None else generator
     diag = diagnose(table)
     tables = {run_dir.name: table}
     for other in compare or []:
@@ -298,6 +390,9 @@ def build_report(
         _timeline(records, metrics, run.get("timeline") or []),
         _cdfs(records),
     ]
+    if len(generator):
+        t0 = records["start_time"].min() if len(records) else generator["timestamp"].min()
+        figures.insert(3, _generator(generator, run.get("timeline") or [], t0))
     server = {}
     if (run_dir / "server.json").exists():
         server = json.loads((run_dir / "server.json").read_text())
@@ -331,6 +426,7 @@ def build_report(
             for t in [*diag.text, *worker_lines(run.get("workers") or [], run.get("started_at"))]
         )
         + "</ul>",
+        _generator_html(table),
     ]
     parts += [f.to_html(full_html=False, include_plotlyjs=False) for f in figures]
     parts += ["<h2>Per-step table</h2>", _table_html(table)]
@@ -382,9 +478,10 @@ def build_report(
 def write_report(run_dir: Path, compare: list[Path] | None = None) -> Path:
     """Write summary.json and report.html into the run directory from its files."""
     run_dir = Path(run_dir)
-    records = load_records(run_dir)
+    # Read once for both, without the per-chunk lists: neither uses them, and they are most of a long run's data.
+    records = load_records(run_dir, columns=REQUEST_COLUMNS)
     table = pd.read_csv(run_dir / STEPS_FILE)
     (run_dir / SUMMARY_FILE).write_text(json.dumps(summary(run_dir, table, records), indent=2, default=str))
     path = run_dir / REPORT_FILE
-    path.write_text(build_report(run_dir, compare), encoding="utf-8")
+    path.write_text(build_report(run_dir, compare, records=records, table=table), encoding="utf-8")
     return path

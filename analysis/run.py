@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.generator import merge_generator, step_generator_table
 from analysis.records import REQUESTS_FILE, merge_records
 from analysis.server_metrics import SCRAPES_FILE, load_metrics, merge_scrapes, step_server_table
 from analysis.sse import CUT_OFF
@@ -32,24 +33,33 @@ def write_run(run_dir: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def compute_table(records: pd.DataFrame, timeline: list[dict], metrics: pd.DataFrame | None) -> pd.DataFrame:
-    """The step table joined with the server's series in each step's window."""
+def compute_table(
+    records: pd.DataFrame,
+    timeline: list[dict],
+    metrics: pd.DataFrame | None,
+    generator: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """The step table joined with the server's series and the load generator's self-checks in each step's window
+    (the self-check columns are always there: empty for a step without samples)."""
     table = step_table(records, timeline)
     if metrics is not None:
         models = records["model"].dropna().unique() if "model" in records.columns else []
         model = str(models[0]) if len(models) == 1 else None
         server = step_server_table(metrics, timeline, model=model, records=records)
         table = table.merge(server, on="step", how="left")
-    return table
+    if not timeline:
+        timeline = timeline_from_records(records)
+    return table.merge(step_generator_table(generator, timeline), on="step", how="left")
 
 
 def finalize(run_dir: Path) -> pd.DataFrame:
-    """Merge records and scrapes into requests.parquet and metrics.parquet, write steps.csv; return the table."""
+    """Merge records, scrapes and self-check samples into requests.parquet, metrics.parquet and generator.parquet,
+    write steps.csv; return the table."""
     run_dir = Path(run_dir)
     records = merge_records(run_dir)
     timeline = read_run(run_dir).get("timeline") or timeline_from_records(records)
     metrics = merge_scrapes(run_dir) if (run_dir / SCRAPES_FILE).exists() else load_metrics(run_dir)
-    table = compute_table(records, timeline, metrics)
+    table = compute_table(records, timeline, metrics, merge_generator(run_dir))
     table.to_csv(run_dir / STEPS_FILE, index=False)
     return table
 

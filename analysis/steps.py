@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import glossary
+from analysis.generator import flagged, format_generator
 from analysis.sse import CUT_OFF
 
 # Column order of steps.csv; metric parts of the names come from the glossary.
@@ -73,19 +74,33 @@ def timeline_from_records(records: pd.DataFrame) -> list[dict]:
     return out
 
 
+def _flatten(lists: pd.Series, dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """A column of per-request lists as one array end to end, and each request's number of values."""
+    arrays = [() if a is None else a for a in lists.tolist()]
+    lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+    values = np.concatenate(arrays) if arrays else np.array([], dtype=dtype)
+    return values.astype(dtype, copy=False), lengths
+
+
+def itl_samples(ok: pd.DataFrame) -> np.ndarray:
+    """Every ITL sample of the requests: glossary.itl_samples_s of each, computed on all their chunks at once
+    (a one-hour run holds tens of millions of chunks: a Python loop over them took most of the analysis)."""
+    if "chunk_offsets_s" not in ok.columns:  # the live view keeps no per-chunk lists
+        return np.array([], dtype=float)
+    offsets, lengths = _flatten(ok["chunk_offsets_s"], np.float64)
+    tokens, token_lengths = _flatten(ok["chunk_tokens"], np.int64)
+    if not np.array_equal(lengths, token_lengths):
+        raise ValueError("records whose chunk_offsets_s and chunk_tokens differ in length")
+    gaps = np.diff(offsets, prepend=np.nan)  # gaps[i] = offsets[i] - offsets[i - 1]
+    later = np.ones(offsets.size, dtype=bool)
+    later[(np.cumsum(lengths) - lengths)[lengths > 0]] = False  # a request's first chunk is its TTFT, no sample
+    keep = later & (tokens > 0)
+    return np.repeat(gaps[keep] / tokens[keep], tokens[keep])
+
+
 def _summarize(ok: pd.DataFrame, errors: int, cut_off: int, tokens: int, window_s: float) -> dict:
     """The measured columns of one row, from its ok requests and the tokens completed in its window."""
-    if "chunk_offsets_s" in ok.columns:
-        itl = np.array(
-            [
-                x
-                for offs, toks in zip(ok["chunk_offsets_s"], ok["chunk_tokens"])
-                for x in glossary.itl_samples_s(list(offs), list(toks))
-            ],
-            dtype=float,
-        )
-    else:  # the live view keeps no per-chunk lists
-        itl = np.array([], dtype=float)
+    itl = itl_samples(ok)
     per_req = [glossary.per_request_tok_s(n, e) for n, e in zip(ok["output_tokens"], ok["e2e_s"])]
     agg = glossary.aggregate_tok_s(tokens, window_s)
     tpot = ok["tpot_s"].astype(float)
@@ -202,6 +217,11 @@ def format_table(table: pd.DataFrame) -> str:
                 ms(r.e2e_mean_s),
             ]
         )
+    if "generator_bound" in table.columns and table["generator_bound"].map(flagged).any():
+        # Marked where the numbers are read: a flagged step's latencies are the client's lateness, not the server's.
+        header.append("generator")
+        for row, bound in zip(body, table["generator_bound"]):
+            row.append("BOUND" if flagged(bound) else "")
     widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(header)]
     line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
     out = ["Batching curve (latencies in ms; TTFT/TPOT/ITL exact percentiles of raw records)", line(header)]
@@ -246,4 +266,5 @@ def format_table(table: pd.DataFrame) -> str:
         ]
         w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
         out += ["  ".join(c.rjust(x) for c, x in zip(cells, w)) for cells in [head, *rows]]
+    out += format_generator(table)
     return "\n".join(out)

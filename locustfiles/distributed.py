@@ -12,6 +12,9 @@ those files dropped into `records/`).
 At the end the master asks every worker to stop (in-flight streams get Locust's `--stop-timeout`, then are
 recorded as cut off) and waits for each worker's final message, which carries how many records it wrote, before
 merging. A worker that goes missing (no heartbeat) is not waited for; the run directory says when it went.
+
+The self-check samples of each worker (`locustfiles/selfcheck.py`) travel the same way, into `generator/` and
+`generator/received/`, one message per row; a worker sends its last row before its final message.
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ from pathlib import Path
 import gevent
 from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
+from analysis.generator import GENERATOR_DIR
 from analysis.records import RECEIVED_DIR, RECORDS_DIR
 
 logger = logging.getLogger("vllm_loadtest.distributed")
 
 RECORDS_MESSAGE = "vllm_loadtest_records"  # worker -> master: {"worker", "run_dir", "lines": bytes}
 FINAL_MESSAGE = "vllm_loadtest_final"  # worker -> master: {"worker", "run_dir", "records": n}
+GENERATOR_MESSAGE = "vllm_loadtest_generator"  # worker -> master: {"worker", "run_dir", "lines": bytes}
 STOP_MESSAGE = "vllm_loadtest_stop"  # master -> worker: stop your users now and send your final message
 SHIP_INTERVAL_S = 0.5
 FINAL_GRACE_S = 15.0  # beyond --stop-timeout, for the last messages to arrive
@@ -90,6 +95,7 @@ class WorkerLedger:
         runner = environment.runner
         runner.register_message(RECORDS_MESSAGE, self._on_records)
         runner.register_message(FINAL_MESSAGE, self._on_final)
+        runner.register_message(GENERATOR_MESSAGE, self._on_generator)
 
     # --- during the run -------------------------------------------------------------------------------
     def start(self, run_dir: Path) -> None:
@@ -147,8 +153,8 @@ class WorkerLedger:
             gevent.sleep(0.5)
             self._poll()
 
-    def _file(self, run_dir: Path, worker: str):
-        path = run_dir / RECORDS_DIR / RECEIVED_DIR / f"{worker}.jsonl"
+    def _file(self, run_dir: Path, worker: str, kind: str = RECORDS_DIR):
+        path = run_dir / kind / RECEIVED_DIR / f"{worker}.jsonl"
         f = self._files.get(path)
         if f is None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -168,6 +174,19 @@ class WorkerLedger:
         else:
             logger.warning(
                 "records from worker %s arrived after %s was merged; `python -m analysis report %s` includes them",
+                data["worker"],
+                run_dir,
+                run_dir,
+            )
+
+    def _on_generator(self, environment, msg, **_kw) -> None:
+        data = msg.data
+        run_dir = Path(data["run_dir"])
+        self._file(run_dir, data["worker"], GENERATOR_DIR).write(data["lines"])
+        if self.run_dir is None or run_dir != self.run_dir:
+            logger.warning(
+                "self-check samples from worker %s arrived after %s was merged; `python -m analysis report %s` "
+                "includes them",
                 data["worker"],
                 run_dir,
                 run_dir,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.generator import GENERATOR_DIR, GENERATOR_FILE
 from analysis.records import RECEIVED_DIR, RECORDS_DIR, merge_records
 from tests.conftest import ROOT
 from tests.test_headless import LOCUSTFILE, locust
@@ -146,6 +147,10 @@ def test_a_worker_killed_mid_run_loses_nothing_already_recorded(fake_server, tmp
     assert entry["missing_at"] is not None and killed_at < entry["missing_at"] < killed_at + 15
     assert f"Worker {victim} went missing" in log
     assert f"Worker {victim} went missing" in (run_dir / "report.html").read_text()
+    # Its self-check samples shipped before it died are kept too.
+    samples = pd.read_parquet(run_dir / GENERATOR_FILE)
+    assert {victim, survivor} == set(samples["worker"])
+    assert samples.loc[samples["worker"] == victim, "timestamp"].max() < killed_at
 
 
 def test_ctrl_c_on_a_processes_run_keeps_every_record_of_every_worker(fake_server, tmp_path):
@@ -182,3 +187,6 @@ def test_ctrl_c_on_a_processes_run_keeps_every_record_of_every_worker(fake_serve
     assert records["status"].eq("ok").sum() + records["error_type"].eq("cut_off").sum() == len(records)
     ok, truth = set(records.loc[records["status"] == "ok", "request_id"]), set(server.get("/truth"))
     assert ok <= truth and len(truth - ok) <= 4  # at most one stream per user ended on the server as it was cut
+    # The self-check samples of both workers are on disk, in their own files and in the master's merge.
+    own = {p.stem for p in (run_dir / GENERATOR_DIR).glob("*.jsonl")}
+    assert len(own) == 2 and set(pd.read_parquet(run_dir / GENERATOR_FILE)["worker"]) == own

@@ -1,0 +1,228 @@
+"""The load generator's self-checks: the per-step figures on samples with known answers, an overloaded run that must
+be flagged generator-bound, and a master + 2 workers run whose samples all reach generator.parquet."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.diagnosis import KV_CACHE, LOAD_GENERATOR, diagnose
+from analysis.generator import (
+    CPU_BOUND,
+    GENERATOR_COLUMNS,
+    GENERATOR_DIR,
+    GENERATOR_FILE,
+    LAG_BOUND_S,
+    is_bound,
+    merge_generator,
+    sample_line,
+    step_generator_table,
+)
+from analysis.records import RECEIVED_DIR
+from analysis.run import compute_table
+from analysis.steps import format_table
+from tests.test_steps import TIMELINE, frame, rec
+
+WINDOWS = [
+    {"step": 0, "users": 8, "start_time": 5.0, "measure_start": 10.0, "end_time": 20.0},
+    {"step": 1, "users": 8, "start_time": 20.0, "measure_start": 30.0, "end_time": 40.0},
+    {"step": 2, "users": 16, "start_time": 40.0, "measure_start": 50.0, "end_time": 60.0},
+]
+
+
+def sample(t, worker, interval, cpu_s, users, lags, intended=8):
+    return {
+        "timestamp": t,
+        "worker": worker,
+        "interval_s": interval,
+        "cpu_s": cpu_s,
+        "cpu_fraction": cpu_s / interval,
+        "users_achieved": users,
+        "users_intended": intended,
+        "lag_s": lags,
+    }
+
+
+SAMPLES = pd.DataFrame(
+    [
+        sample(9.0, "a", 1.0, 1.0, 0, [0.5]),  # warm-up: outside the window
+        sample(11.0, "a", 1.0, 0.5, 2, [0.001, 0.002, 0.003]),
+        sample(12.0, "a", 1.0, 0.7, 4, [0.004]),
+        sample(15.0, "b", 2.0, 1.8, 5, [0.0005]),
+        sample(20.0, "a", 1.0, 1.0, 0, [0.5]),  # at the window's end: outside (the window is [start, end))
+        sample(31.0, "a", 1.0, 0.1, 8, [0.0001, 0.0002]),
+        # step 2 has no samples
+    ]
+)
+
+
+def test_per_step_figures_of_two_processes_are_exact():
+    t = step_generator_table(SAMPLES, WINDOWS).set_index("step")
+    s0 = t.loc[0]
+    assert s0.generator_processes == 2
+    # Process a: lags 1, 2, 3, 4 ms -> p50 2.5 ms, p99 3.97 ms, max 4 ms; process b: 0.5 ms. The worst process counts.
+    assert s0.generator_lag_p50_s == pytest.approx(0.0025)
+    assert s0.generator_lag_p99_s == pytest.approx(0.00397)
+    assert s0.generator_lag_max_s == pytest.approx(0.004)
+    # CPU: a used 1.2 s in 2 s (0.6), b 1.8 s in 2 s (0.9): the max is b's.
+    assert s0.generator_cpu_max == pytest.approx(0.9)
+    # Users: a's time-weighted mean (2 and 4 for 1 s each) 3, plus b's 5.
+    assert s0.users_achieved_mean == pytest.approx(8.0)
+    assert s0.generator_bound is True  # both over their bounds
+    s1 = t.loc[1]
+    assert s1.generator_processes == 1
+    assert s1.generator_lag_p99_s == pytest.approx(0.0001 + 0.99 * 0.0001)
+    assert s1.generator_cpu_max == pytest.approx(0.1) and s1.users_achieved_mean == pytest.approx(8.0)
+    assert s1.generator_bound is False
+    s2 = t.loc[2]  # no samples: missing, never 0, and not flagged
+    assert all(math.isnan(s2[c]) for c in GENERATOR_COLUMNS if c != "generator_bound")
+    assert s2.generator_bound is None
+
+
+def test_either_bound_alone_flags_a_step_and_exactly_at_the_bound_does_not():
+    assert is_bound(LAG_BOUND_S, CPU_BOUND) is False
+    assert is_bound(LAG_BOUND_S * 1.01, 0.1) is True
+    assert is_bound(0.0001, CPU_BOUND + 0.01) is True
+    assert is_bound(math.nan, CPU_BOUND + 0.01) is True
+    assert is_bound(math.nan, math.nan) is None
+    lag_only = pd.DataFrame([sample(11.0, "a", 1.0, 0.2, 8, [0.0001] * 98 + [0.01, 0.01])])
+    assert step_generator_table(lag_only, WINDOWS).iloc[0].generator_bound is True  # p99 = 10 ms, CPU 20 %
+
+
+def test_without_samples_every_step_is_missing_and_nothing_is_flagged():
+    table = compute_table(frame([rec(1, 0, 1, 3.0, 0.2, 11, 0.01)]), TIMELINE, None, None)
+    assert list(table.columns[-len(GENERATOR_COLUMNS) :]) == GENERATOR_COLUMNS
+    assert table["generator_lag_p99_s"].isna().all() and table["generator_bound"].isna().all()
+    assert LOAD_GENERATOR not in diagnose(table).binding.values() and "generator" not in format_table(table).lower()
+
+
+def test_merge_keeps_one_row_per_worker_and_time_from_both_copies(tmp_path):
+    local, received = tmp_path / GENERATOR_DIR, tmp_path / GENERATOR_DIR / RECEIVED_DIR
+    received.mkdir(parents=True)
+    a1 = sample_line(11.0, "a", 1.0, 0.5, 2, 8, [0.001, 0.002])
+    a2 = sample_line(12.0, "a", 1.0, 0.7, 4, 8, [0.004])
+    b1 = sample_line(11.5, "b", 1.0, 0.3, 4, 8, [0.0005])
+    (local / "a.jsonl").write_bytes(a1 + a2)
+    (received / "a.jsonl").write_bytes(a1)  # the master's copy of what a shipped before it died
+    (received / "b.jsonl").write_bytes(b1 + b'{"timestamp": 12.5, "wor')  # a line cut by a crash
+    df = merge_generator(tmp_path)
+    assert list(zip(df["worker"], df["timestamp"])) == [("a", 11.0), ("a", 12.0), ("b", 11.5)]
+    assert df["lag_s"].map(list).tolist() == [[0.001, 0.002], [0.004], [0.0005]]
+    assert df["cpu_fraction"].tolist() == pytest.approx([0.5, 0.7, 0.3])
+    assert pd.read_parquet(tmp_path / GENERATOR_FILE).equals(df)
+
+
+def test_a_run_without_samples_gets_no_generator_file(tmp_path):
+    assert merge_generator(tmp_path).empty and not (tmp_path / GENERATOR_FILE).exists()
+
+
+def table(**generator):
+    """Five steps whose server side binds on the KV cache from 8 users on; generator columns as given."""
+    n = 5
+    base = {
+        "step": range(n),
+        "users": [1, 2, 4, 8, 16],
+        "aggregate_tok_s": [100, 200, 390, 700, 720],
+        "kv_cache_usage_max": [0.1, 0.2, 0.5, 1.0, 1.0],
+        "waiting_max": [0, 0, 0, 5, 40],
+        "preemptions": [0, 0, 0, 3, 90],
+        "generator_lag_p99_s": [0.0005] * n,
+        "generator_cpu_max": [0.3] * n,
+        "users_achieved_mean": [1, 2, 4, 8, 16],
+        "generator_bound": [False] * n,
+    }
+    base.update(generator)
+    return pd.DataFrame(base)
+
+
+def test_the_load_generator_binds_before_the_kv_cache_and_before_the_knee():
+    d = diagnose(table(generator_bound=[False, True, False, False, True], generator_cpu_max=[0.3, 0.95, 0.3, 0.3, 0.9]))
+    assert d.knee_step == 3
+    assert d.binding == {1: LOAD_GENERATOR, 3: KV_CACHE, 4: LOAD_GENERATOR}
+    lines = [t for t in d.text if "load generator binds" in t]
+    assert len(lines) == 2 and lines[0].startswith("At 2 users") and "95% CPU, over the 85% bound" in lines[0]
+    assert all("--processes N, or more workers" in t for t in lines)
+
+
+def test_unflagged_and_unmeasured_steps_are_not_the_load_generator():
+    assert LOAD_GENERATOR not in diagnose(table()).binding.values()
+    missing = table(generator_bound=[None, None, math.nan, None, None], generator_cpu_max=[math.nan] * 5)
+    assert diagnose(missing).binding == {3: KV_CACHE, 4: KV_CACHE}
+
+
+def test_the_console_marks_a_flagged_step_where_its_numbers_are_read():
+    records = frame([rec(1, 0, 1, 3.0, 0.2, 11, 0.01), rec(2, 1, 2, 13.0, 0.2, 11, 0.01)])
+    samples = pd.DataFrame([sample(5.0, "a", 1.0, 0.95, 1, [0.001]), sample(15.0, "a", 1.0, 0.2, 2, [0.001])])
+    text = format_table(compute_table(records, TIMELINE, None, samples))
+    curve = text.split("\n\n")[0].splitlines()
+    assert curve[1].endswith("generator") and curve[2].endswith("BOUND") and not curve[3].endswith("BOUND")
+    assert "GENERATOR-BOUND steps 0 (1 users)" in text and "--processes N" in text
+
+
+def test_a_single_overloaded_process_is_flagged_generator_bound(fake_server, tmp_path):
+    """One process, 64 users, a server that streams 256 tokens as fast as it can: far more chunks per second than
+    one Python process reads. The run must say so: steps.csv, the console, summary.json and the report."""
+    from analysis.report import REPORT_FILE, SUMMARY_FILE
+    from tests.test_headless import locust
+
+    server = fake_server("--ttft-ms", "1", "--itl-ms", "0")
+    run_dir = tmp_path / "r"
+    proc = locust(
+        "--host", server.url, "--steps", "64", "--step-duration", "5s", "--step-warmup", "1s",
+        "--max-tokens", "256", "--run-dir", str(run_dir),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = pd.read_csv(run_dir / "steps.csv")
+    assert list(steps.columns[-len(GENERATOR_COLUMNS) :]) == GENERATOR_COLUMNS
+    row = steps.iloc[0]
+    assert row.generator_processes == 1 and row.users_achieved_mean > 0
+    assert row.generator_lag_p99_s > LAG_BOUND_S or row.generator_cpu_max > CPU_BOUND, row
+    assert bool(row.generator_bound) is True
+    assert "GENERATOR-BOUND steps 0 (64 users)" in proc.stdout and "--processes N" in proc.stdout
+    summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+    assert summary["steps"][0]["generator_bound"] is True
+    assert summary["diagnosis"]["binding"] == {"0": LOAD_GENERATOR}
+    assert any("the load generator binds" in t for t in summary["diagnosis"]["text"])
+    page = (run_dir / REPORT_FILE).read_text()
+    assert "GENERATOR-BOUND steps 0 (64 users)" in page and "Load generator self-checks" in page
+    samples = pd.read_parquet(run_dir / GENERATOR_FILE)
+    assert samples["worker"].nunique() == 1 and samples["lag_s"].map(len).sum() > 0
+    assert (samples["users_intended"] == 64).all() and (samples["interval_s"] > 0).all()
+
+
+def test_every_worker_of_a_cluster_ships_its_samples_to_the_master(fake_server, tmp_path):
+    from tests.test_distributed import start_cluster
+
+    server = fake_server("--ttft-ms", "20", "--itl-ms", "5")
+    run_dir = tmp_path / "run"
+    master, workers = start_cluster(
+        tmp_path, 2, server.url, "--steps", "2,4", "--step-duration", "3s", "--step-warmup", "0s",
+        "--max-tokens", "16", "--stop-timeout", "10", "--run-dir", str(run_dir),
+    )  # fmt: skip
+    try:
+        assert master.wait(120) == 0, (tmp_path / "master.log").read_text()[-3000:]
+        for w in workers:
+            w.wait(30)
+    finally:
+        for p in (master, *workers):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    names = {f"{socket.gethostname()}-{w.pid}" for w in workers}
+    samples = pd.read_parquet(run_dir / GENERATOR_FILE)
+    assert set(samples["worker"]) == names  # the master generates no load: no samples of its own
+    assert {p.stem for p in (run_dir / GENERATOR_DIR / RECEIVED_DIR).glob("*.jsonl")} == names
+    # Each worker's shipped copy holds every row its own file holds (its last one was sent before its final message).
+    for name in names:
+        own = pd.read_json(run_dir / GENERATOR_DIR / f"{name}.jsonl", lines=True)
+        shipped = pd.read_json(run_dir / GENERATOR_DIR / RECEIVED_DIR / f"{name}.jsonl", lines=True)
+        assert np.array_equal(own["timestamp"].to_numpy(), shipped["timestamp"].to_numpy())
+    steps = pd.read_csv(run_dir / "steps.csv")
+    assert (steps["generator_processes"] == 2).all() and steps["users_achieved_mean"].notna().all()
