@@ -44,6 +44,7 @@ bench: venv
 	$(PY) -m tests.benchmarks.bench_parse
 	$(PY) -m tests.benchmarks.bench_accuracy
 	$(PY) -m tests.benchmarks.bench_analysis
+	$(PY) -m tests.benchmarks.bench_generator
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache *.egg-info

@@ -36,7 +36,7 @@ from analysis.diagnosis import diagnose, worker_lines
 from analysis.integrity import integrity
 from analysis.live import FIELDS as LIVE_FIELDS
 from analysis.live import LiveRecords, live_table
-from analysis.records import RECORDS_DIR, RecordWriter, RequestRecord, load_records
+from analysis.records import RECORDS_DIR, REQUEST_COLUMNS, RecordWriter, RequestRecord, load_records
 from analysis.run import STEPS_FILE, error_counts, finalize, write_run
 from analysis.server_metrics import load_metrics
 from analysis.steps import format_table
@@ -256,7 +256,7 @@ class RunContext:
             print("\n" + format_table(table), flush=True)
             lines = [*diagnose(table).text, *worker_lines(self.workers, self.started_at)]
             print("\n".join(["", "Diagnosis:", *(f"- {line}" for line in lines)]), flush=True)
-            records = load_records(self.run_dir)
+            records = load_records(self.run_dir, columns=REQUEST_COLUMNS)  # not the per-chunk lists: GBs at scale
             models = records["model"].dropna().unique()
             check = integrity(records, load_metrics(self.run_dir), str(models[0]) if len(models) == 1 else None)
             print("\n".join(["", "Integrity check:", *(f"- {line}" for line in check["text"])]), flush=True)
