@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
-from analysis.generator import ADVICE, flagged, reasons
+from analysis.generator import advice, flagged, reasons
 
 KNEE_GAIN = 0.10  # a doubling of users that adds less aggregate tok/s than this is past the knee
 # KV-cache usage at or above this counts as full. Not lower: with 32 requests running against a cap of
@@ -68,7 +68,7 @@ def _binding_line(row: pd.Series, resource: str) -> str:
     if resource == LOAD_GENERATOR:
         return (
             f"At {users} users the load generator binds ({reasons(row)}): the client could not keep up, so this "
-            f"step's latencies read high and its throughput low; {ADVICE}."
+            f"step's latencies read high and its throughput low; {advice(row)}."
         )
     if resource == KV_CACHE:
         return (

@@ -37,6 +37,22 @@ LAG_BOUND_S = 0.002
 # together queue behind each other and their stamps are late, even before the lag probe's p99 shows it.
 CPU_BOUND = 0.85
 ADVICE = "add worker processes (--processes N, or more workers; one per free core)"
+# Lag with a mostly idle load process: it waited for a CPU that other processes held (in the demo, vLLM's CPU
+# engine at 32-64 users: lag p99 3-5 ms with the load process at 6-11 % CPU). More workers on the same cores would
+# not help; cores of its own would.
+CONTENDED_CPU = 0.5
+CONTENDED_ADVICE = (
+    "its own CPU use was low, so other processes held the CPU it waited for: give the load generator cores of its "
+    "own (another host, or taskset/cpusets away from the server)"
+)
+
+
+def advice(row: pd.Series) -> str:
+    """What to do about a generator-bound step: more processes, or cores of its own when it was not busy itself."""
+    cpu = row.get("generator_cpu_max")
+    if cpu is not None and not pd.isna(cpu) and cpu < CONTENDED_CPU:
+        return CONTENDED_ADVICE
+    return ADVICE
 
 SCHEMA = pa.schema(
     [

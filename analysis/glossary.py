@@ -152,6 +152,29 @@ _METRICS += [
     ),
 ]
 
+# Judgements against objectives and limits the user gives (--slo; --gpu / --memory-bandwidth-gbs, --model-bytes).
+_METRICS += [
+    Metric(
+        "goodput",
+        "fraction",
+        "Per step: ok requests whose own ttft_s, tpot_s and e2e_s meet every --slo objective on those metrics / "
+        "measured requests (ok + failed; warm-up and cut-off left out). A request without a TPOT (one token) is "
+        "judged on the rest; ITL and error_rate objectives are judged on the step, not per request.",
+    ),
+    Metric(
+        "decode_ceiling_tok_s",
+        "tokens/s",
+        "Single-request decode ceiling: memory bandwidth (bytes/s) / model weight bytes, since each token of one "
+        "request reads every weight once.",
+    ),
+    Metric(
+        "decode_efficiency",
+        "fraction",
+        "Measured single-request decode rate (1 / tpot_p50_s at the step with the fewest users, one in a sweep that "
+        "starts at 1) / decode_ceiling_tok_s.",
+    ),
+]
+
 GLOSSARY: dict[str, Metric] = {m.name: m for m in _METRICS}
 
 

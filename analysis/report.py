@@ -23,7 +23,7 @@ from analysis.generator import ADVICE, CPU_BOUND, LAG_BOUND_S, bound_steps, flag
 from analysis.glossary import GLOSSARY
 from analysis.integrity import integrity
 from analysis.records import REQUEST_COLUMNS, load_records
-from analysis.run import STEPS_FILE, read_run
+from analysis.run import STEPS_FILE, efficiency_ceiling, read_run, slo_gate, write_summary_md
 from analysis.server_metrics import KV_CACHE, RUNNING, WAITING, ServerSeries, load_metrics, server_info
 from analysis.sse import CUT_OFF
 
@@ -73,6 +73,8 @@ def summary(run_dir: Path, table: pd.DataFrame, records: pd.DataFrame) -> dict:
         "steps": steps,
         "diagnosis": diagnose(table).to_dict(),
         "integrity": integrity(records, load_metrics(run_dir), _single_model(records)),
+        "slo": slo_gate(run_dir, records),
+        "ceiling": efficiency_ceiling(run_dir, table),
         "workers": run.get("workers") or [],
         "server_version": run.get("server_version"),
         "suite_version": run.get("suite_version") or SUITE_VERSION,
@@ -246,6 +248,36 @@ def _generator(samples: pd.DataFrame, timeline: list[dict], t0: float) -> go.Fig
     fig.update_xaxes(title_text="seconds since the run started", row=2, col=1)
     fig.update_layout(title="Load generator self-checks (dashed red: the generator-bound limits)", height=560)
     return fig
+
+
+def _ceiling_html(ceiling: dict | None) -> str:
+    """The single-request decode ceiling against the measured rate, and why they differ."""
+    if ceiling is None:
+        return ""
+    items = "".join(f"<li>{html.escape(t)}</li>" for t in ceiling["text"])
+    return f"<h2>Efficiency ceiling</h2><ul>{items}</ul>"
+
+
+def _slo_html(gate: dict | None) -> str:
+    """The --slo gate: its verdict in words and each step's goodput and objectives."""
+    if gate is None:
+        return ""
+    color = "#070" if gate["passed"] else "#b00"
+    lines = "".join(f"<li>{html.escape(t)}</li>" for t in gate["text"][1:])
+    names = list(gate["objectives"])
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["step", "users", "requests", "goodput", *names])
+    rows = ""
+    for r in gate["steps"]:
+        goodput = "-" if r["goodput"] is None else f"{r['goodput']:.1%}"
+        cells = [str(r["step"]), str(r["users"]), str(r["requests"]), goodput]
+        for n in names:
+            value = "no data" if r[n] is None else (f"{r[n]:.2%}" if n == "error_rate" else f"{r[n] * 1000:.1f} ms")
+            cells.append(f"{'met' if r[f'{n}_met'] else 'BROKEN'} ({value})")
+        rows += "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+    return (
+        f"<h2>SLO gate</h2><p style='color:{color};font-weight:bold'>{html.escape(gate['text'][0])}</p>"
+        f"<ul>{lines}</ul><table><tr>{head}</tr>{rows}</table>"
+    )
 
 
 def _generator_html(table: pd.DataFrame) -> str:
@@ -427,6 +459,8 @@ def build_report(
         )
         + "</ul>",
         _generator_html(table),
+        _slo_html(slo_gate(run_dir, records)),
+        _ceiling_html(efficiency_ceiling(run_dir, table)),
     ]
     parts += [f.to_html(full_html=False, include_plotlyjs=False) for f in figures]
     parts += ["<h2>Per-step table</h2>", _table_html(table)]
@@ -481,7 +515,9 @@ def write_report(run_dir: Path, compare: list[Path] | None = None) -> Path:
     # Read once for both, without the per-chunk lists: neither uses them, and they are most of a long run's data.
     records = load_records(run_dir, columns=REQUEST_COLUMNS)
     table = pd.read_csv(run_dir / STEPS_FILE)
-    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary(run_dir, table, records), indent=2, default=str))
+    data = summary(run_dir, table, records)
+    (run_dir / SUMMARY_FILE).write_text(json.dumps(data, indent=2, default=str))
+    write_summary_md(run_dir, table, data["slo"], diagnose(table).text)
     path = run_dir / REPORT_FILE
     path.write_text(build_report(run_dir, compare, records=records, table=table), encoding="utf-8")
     return path

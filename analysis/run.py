@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from analysis.steps import step_table, timeline_from_records
 
 RUN_FILE = "run.json"
 STEPS_FILE = "steps.csv"
+SUMMARY_MD_FILE = "summary.md"
 
 
 def read_run(run_dir: Path) -> dict:
@@ -69,3 +71,54 @@ def error_counts(run_dir: Path) -> tuple[int, int]:
     records = pd.read_parquet(Path(run_dir) / REQUESTS_FILE, columns=["status", "error_type"])
     measured = records[records["error_type"] != CUT_OFF]
     return int((measured["status"] != "ok").sum()), len(measured)
+
+
+def slo_gate(run_dir: Path, records: pd.DataFrame | None = None) -> dict | None:
+    """The run's --slo (from run.json) judged on its records: the verdict dict, or None without objectives."""
+    from analysis.records import load_records
+    from analysis.slo import judge_steps, parse_slo, verdict, verdict_lines
+
+    run = read_run(run_dir)
+    spec = (run.get("options") or {}).get("slo") or ""
+    if not spec:
+        return None
+    objectives = parse_slo(spec)
+    if records is None or ("chunk_offsets_s" not in records.columns and any(o.metric == "itl" for o in objectives)):
+        records = load_records(run_dir)  # ITL objectives need the per-chunk lists
+    timeline = run.get("timeline") or timeline_from_records(records)
+    judged = judge_steps(records, timeline, objectives)
+    result = verdict(judged, objectives)
+    result["text"] = verdict_lines(result, objectives)
+    return result
+
+
+def write_summary_md(run_dir: Path, table: pd.DataFrame, gate: dict | None, diagnosis: list[str]) -> Path:
+    """summary.md, for a CI job summary: the step table, the SLO verdict (when --slo was given), the diagnosis."""
+    from analysis.slo import markdown_summary
+
+    run = read_run(run_dir)
+    options = run.get("options") or {}
+    title = f"Load test of {options.get('host') or 'the server'}" + (
+        f" ({options['model']})" if options.get("model") else ""
+    )
+    judged = pd.DataFrame(gate["steps"]) if gate else None
+    lines = gate["text"] if gate else ["No --slo given: no gate."]
+    path = Path(run_dir) / SUMMARY_MD_FILE
+    path.write_text(markdown_summary(title, table, judged, lines, diagnosis), encoding="utf-8")
+    return path
+
+
+def efficiency_ceiling(run_dir: Path, table: pd.DataFrame) -> dict | None:
+    """The single-request decode ceiling from the run's --gpu / --memory-bandwidth-gbs and --model-bytes, against
+    the measured decode rate at the lowest step; None when either figure was not given."""
+    from analysis.ceiling import bandwidth_gbs, ceiling_report, parse_bytes
+
+    options = read_run(run_dir).get("options") or {}
+    bandwidth = bandwidth_gbs(options.get("gpu"), options.get("memory_bandwidth_gbs"))
+    weights = parse_bytes(str(options["model_bytes"])) if options.get("model_bytes") else None
+    source = f"--gpu {options['gpu']}" if options.get("gpu") and not options.get("memory_bandwidth_gbs") else (
+        "--memory-bandwidth-gbs"
+    )
+    rows = json.loads(table.to_json(orient="records"))
+    rows = [{**r, "tpot_p50_s": math.nan if r.get("tpot_p50_s") is None else r["tpot_p50_s"]} for r in rows]
+    return ceiling_report(rows, bandwidth, weights, f"{source}, --model-bytes {options.get('model_bytes')}")

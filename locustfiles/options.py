@@ -163,6 +163,33 @@ def add_arguments(parser) -> None:
         help="Do not write summary.json and report.html at the end of the run",
     )
     parser.add_argument(
+        "--slo",
+        default="",
+        env_var="LOCUST_SLO",
+        help="Service-level objectives every step must meet, e.g. ttft_p95=500ms,tpot_p95=50ms,e2e_p99=20s,"
+        "error_rate=1%%: goodput per step, summary.md, and exit code 1 in headless mode when one is broken",
+    )
+    parser.add_argument(
+        "--gpu",
+        default="",
+        env_var="LOCUST_GPU",
+        help="The server's accelerator, for the efficiency ceiling: a preset memory bandwidth (h100-sxm, "
+        "a100-80gb-sxm, l40s, l4, mi300x, ...; see README)",
+    )
+    parser.add_argument(
+        "--memory-bandwidth-gbs",
+        type=float,
+        default=None,
+        env_var="LOCUST_MEMORY_BANDWIDTH_GBS",
+        help="The accelerator's memory bandwidth in GB/s (overrides --gpu), for the efficiency ceiling",
+    )
+    parser.add_argument(
+        "--model-bytes",
+        default="",
+        env_var="LOCUST_MODEL_BYTES",
+        help="The model's weight size (e.g. 16GB, 15.3GiB), for the efficiency ceiling (vLLM does not report it)",
+    )
+    parser.add_argument(
         "--max-error-rate",
         default="0",
         env_var="LOCUST_MAX_ERROR_RATE",
@@ -228,5 +255,20 @@ def check(options: argparse.Namespace) -> None:
     if options.read_timeout <= 0:
         raise ValueError(f"--read-timeout {options.read_timeout} must be positive (seconds)")
     parse_rate(options.max_error_rate, "--max-error-rate")
+    if getattr(options, "model_bytes", ""):
+        from analysis.ceiling import parse_bytes
+
+        if parse_bytes(options.model_bytes) <= 0:
+            raise ValueError(f"--model-bytes {options.model_bytes} must be positive")
+    if getattr(options, "memory_bandwidth_gbs", None) is not None and options.memory_bandwidth_gbs <= 0:
+        raise ValueError(f"--memory-bandwidth-gbs {options.memory_bandwidth_gbs} must be positive (GB/s)")
+    if getattr(options, "gpu", ""):
+        from analysis.ceiling import bandwidth_gbs
+
+        bandwidth_gbs(options.gpu, None)
+    if getattr(options, "slo", ""):
+        from analysis.slo import parse_slo
+
+        parse_slo(options.slo)
     if getattr(options, "prompt_file", ""):
         load_prompts(options.prompt_file)

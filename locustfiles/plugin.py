@@ -37,7 +37,15 @@ from analysis.integrity import integrity
 from analysis.live import FIELDS as LIVE_FIELDS
 from analysis.live import LiveRecords, live_table
 from analysis.records import RECORDS_DIR, REQUEST_COLUMNS, RecordWriter, RequestRecord, load_records
-from analysis.run import STEPS_FILE, error_counts, finalize, write_run
+from analysis.run import (
+    STEPS_FILE,
+    efficiency_ceiling,
+    error_counts,
+    finalize,
+    slo_gate,
+    write_run,
+    write_summary_md,
+)
 from analysis.server_metrics import load_metrics
 from analysis.steps import format_table
 from locustfiles import options as opts_mod
@@ -70,6 +78,10 @@ SAVED_OPTIONS = [
     "step_duration",
     "step_warmup",
     "max_error_rate",
+    "slo",
+    "gpu",
+    "memory_bandwidth_gbs",
+    "model_bytes",
     "run_dir",
     "no_report",
     "metrics_url",
@@ -132,6 +144,7 @@ class RunContext:
         self.tab = None  # the web UI's LLM tab (locustfiles/webui.py), when there is a web UI
         self.last_samples: list | None = None  # the last run's last scrape
         self.errors_over_limit: bool | None = None  # the last finished run's verdict, for the exit code
+        self.slo_failed = False  # the last finished run broke an --slo objective
         if isinstance(environment.runner, MasterRunner):
             self.ledger = WorkerLedger(
                 environment,
@@ -260,6 +273,14 @@ class RunContext:
             models = records["model"].dropna().unique()
             check = integrity(records, load_metrics(self.run_dir), str(models[0]) if len(models) == 1 else None)
             print("\n".join(["", "Integrity check:", *(f"- {line}" for line in check["text"])]), flush=True)
+            gate = slo_gate(self.run_dir, records)
+            self.slo_failed = gate is not None and not gate["passed"]
+            if gate is not None:
+                print("\n".join(["", "SLO gate:", *(f"- {line}" for line in gate["text"])]), flush=True)
+            ceiling = efficiency_ceiling(self.run_dir, table)
+            if ceiling is not None:
+                print("\n".join(["", "Efficiency ceiling:", *(f"- {line}" for line in ceiling["text"])]), flush=True)
+            write_summary_md(self.run_dir, table, gate, lines)
             self._judge_errors(environment)
             print(f"\nResults: {self.run_dir / 'requests.parquet'}, {self.run_dir / STEPS_FILE}", flush=True)
             if not getattr(environment.parsed_options, "no_report", False):
@@ -286,14 +307,17 @@ class RunContext:
         )
 
     def on_quitting(self, environment, **_kw) -> None:
-        """The process exit code: 0 ok, 1 errors over --max-error-rate, 2 the tool crashed, 3 bad input."""
+        """The process exit code: 0 ok, 1 errors over --max-error-rate or a broken --slo (headless), 2 the tool
+        crashed, 3 bad input."""
         if environment.process_exit_code is not None or not self.is_controller:
             return  # already decided (bad input), or a worker: the master's code is the run's
         if locust.log.unhandled_greenlet_exception or environment.runner.exceptions:
             # An exception escaped the suite's own code (Locust logs it with its traceback): a bug, not a verdict.
             environment.process_exit_code = EXIT_CRASH
         elif self.errors_over_limit is not None:
-            environment.process_exit_code = EXIT_ERRORS if self.errors_over_limit else EXIT_OK
+            # A broken SLO fails a headless run (a pipeline's gate); in the web UI it is shown, not an exit code.
+            slo_failed = self.slo_failed and environment.parsed_options.headless
+            environment.process_exit_code = EXIT_ERRORS if self.errors_over_limit or slo_failed else EXIT_OK
 
     def _start_scraper(self, options) -> None:
         url = options.metrics_url or (f"{(options.host or '').rstrip('/')}/metrics" if options.host else "")

@@ -226,3 +226,12 @@ def test_every_worker_of_a_cluster_ships_its_samples_to_the_master(fake_server, 
         assert np.array_equal(own["timestamp"].to_numpy(), shipped["timestamp"].to_numpy())
     steps = pd.read_csv(run_dir / "steps.csv")
     assert (steps["generator_processes"] == 2).all() and steps["users_achieved_mean"].notna().all()
+
+
+def test_advice_depends_on_whether_the_load_process_itself_was_busy():
+    from analysis.generator import ADVICE, CONTENDED_ADVICE, advice
+
+    busy = pd.Series({"users": 64, "generator_lag_p99_s": 0.004, "generator_cpu_max": 0.93, "generator_bound": True})
+    idle = pd.Series({"users": 64, "generator_lag_p99_s": 0.004, "generator_cpu_max": 0.08, "generator_bound": True})
+    assert advice(busy) == ADVICE and advice(idle) == CONTENDED_ADVICE
+    assert "cores of its own" in diagnose(pd.DataFrame([{**idle, "step": 0, "aggregate_tok_s": 1.0}])).text[-1]

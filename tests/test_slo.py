@@ -1,0 +1,161 @@
+"""--slo: parsing, the per-step verdict and goodput on records with known values, and the gate's exit codes."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from analysis.run import efficiency_ceiling
+from analysis.slo import judge_steps, markdown_summary, parse_slo, verdict, verdict_lines
+from tests.test_headless import locust
+
+
+def test_parse_slo_units_and_names():
+    objectives = {o.name: o for o in parse_slo("ttft_p95=500ms, tpot_p95=0.05,e2e_p99=20s,error_rate=1%,itl_mean=8ms")}
+    assert objectives["ttft_p95"].threshold == pytest.approx(0.5)
+    assert objectives["tpot_p95"].threshold == pytest.approx(0.05)  # bare numbers are seconds
+    assert objectives["e2e_p99"].threshold == 20 and objectives["e2e_p99"].statistic == "p99"
+    assert objectives["error_rate"].threshold == pytest.approx(0.01) and objectives["error_rate"].metric == "error_rate"
+    assert objectives["itl_mean"].metric == "itl" and objectives["itl_mean"].statistic == "mean"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("ttft_p95", "has no '=value'"),
+        ("ttft_p95=fast", "not a number"),
+        ("latency_p95=1s", "no objective 'latency_p95'"),
+        ("ttft_p42=1s", "no objective 'ttft_p42'"),
+        ("ttft_p95=5%", "is a time"),
+        ("error_rate=150%", "must be a share"),
+        ("ttft_p95=1s,ttft_p95=2s", "twice"),
+        ("", "is empty"),
+    ],
+)
+def test_bad_slo_specs_say_what_to_fix(spec, message):
+    with pytest.raises(ValueError, match=message):
+        parse_slo(spec)
+
+
+def _records() -> tuple[pd.DataFrame, list[dict]]:
+    """Step 0: 10 ok requests with TTFT 0.1 .. 1.0 s; step 1: 8 ok with TTFT 2 s and 2 failures; one warm-up
+    request and one cut off at the stop, both left out."""
+    rows = []
+    for i in range(10):
+        rows.append(dict(step=0, users=1, warmup=False, status="ok", error_type=None, start_time=100.0 + i,
+                         duration_s=1.0, ttft_s=0.1 * (i + 1), tpot_s=0.01, e2e_s=1.0,
+                         chunk_offsets_s=[0.1 * (i + 1), 0.1 * (i + 1) + 0.01], chunk_tokens=[1, 1]))  # fmt: skip
+    for i in range(8):
+        rows.append(dict(step=1, users=2, warmup=False, status="ok", error_type=None, start_time=200.0 + i,
+                         duration_s=3.0, ttft_s=2.0, tpot_s=0.02 if i else None, e2e_s=3.0,
+                         chunk_offsets_s=[2.0, 2.02], chunk_tokens=[1, 1]))  # fmt: skip
+    failed = dict(ttft_s=None, tpot_s=None, e2e_s=None, chunk_offsets_s=[], chunk_tokens=[])
+    for i in range(2):
+        rows.append(dict(step=1, users=2, warmup=False, status="error", error_type="http_500", start_time=210.0 + i,
+                         duration_s=0.1, **failed))  # fmt: skip
+    rows.append(dict(step=1, users=2, warmup=True, status="ok", error_type=None, start_time=190.0, duration_s=1.0,
+                     ttft_s=50.0, tpot_s=5.0, e2e_s=60.0, chunk_offsets_s=[50.0], chunk_tokens=[1]))  # fmt: skip
+    rows.append(dict(step=1, users=2, warmup=False, status="error", error_type="cut_off", start_time=219.0,
+                     duration_s=1.0, **failed))  # fmt: skip
+    timeline = [
+        {"step": 0, "users": 1, "start_time": 90.0, "measure_start": 100.0, "end_time": 190.0},
+        {"step": 1, "users": 2, "start_time": 190.0, "measure_start": 195.0, "end_time": 220.0},
+    ]
+    return pd.DataFrame(rows), timeline
+
+
+def test_each_step_is_judged_on_its_measured_requests():
+    records, timeline = _records()
+    objectives = parse_slo("ttft_p95=1s,tpot_p95=50ms,error_rate=10%,itl_p99=25ms")
+    judged = judge_steps(records, timeline, objectives)
+    first, second = judged.iloc[0], judged.iloc[1]
+    assert first["requests"] == 10 and second["requests"] == 10  # warm-up and cut-off left out
+    assert first["ttft_p95"] == pytest.approx(0.955)  # numpy's linear interpolation of 0.1 .. 1.0
+    assert first["ttft_p95_met"] and first["error_rate"] == 0 and first["meets_all"]
+    assert first["goodput"] == 1.0
+    assert second["ttft_p95"] == 2.0 and not second["ttft_p95_met"]
+    assert second["error_rate"] == pytest.approx(0.2) and not second["error_rate_met"]
+    assert second["itl_p99"] == pytest.approx(0.02) and second["itl_p99_met"]
+    # No request of step 1 meets TTFT <= 1 s, and failures never meet: goodput 0 of 10.
+    assert second["goodput"] == 0.0 and not second["meets_all"]
+
+    result = verdict(judged, objectives)
+    assert not result["passed"] and result["highest_users_meeting_all"] == 1
+    assert {(b["step"], b["objective"]) for b in result["broken"]} == {(1, "ttft_p95"), (1, "error_rate")}
+    text = verdict_lines(result, objectives)
+    assert text[0].startswith("SLO gate FAILED") and "Step 1 (2 users): error_rate <= 10.00% (20.00%) not met." in text
+
+
+def test_goodput_counts_each_request_against_every_objective():
+    records, timeline = _records()
+    judged = judge_steps(records, timeline, parse_slo("ttft_p99=550ms"))
+    assert judged.iloc[0]["goodput"] == pytest.approx(0.5)  # TTFT 0.1 .. 0.5 s of 0.1 .. 1.0 s
+    # A one-token answer (no TPOT) is judged on its other objectives.
+    judged = judge_steps(records, timeline, parse_slo("tpot_p50=30ms"))
+    assert judged.iloc[1]["goodput"] == pytest.approx(8 / 10)
+
+
+def test_a_step_without_data_for_an_objective_does_not_pass():
+    records, timeline = _records()
+    timeline.append({"step": 2, "users": 4, "start_time": 220.0, "measure_start": 221.0, "end_time": 230.0})
+    judged = judge_steps(records, timeline, parse_slo("ttft_p95=10s"))
+    assert judged.iloc[2]["requests"] == 0 and math.isnan(judged.iloc[2]["ttft_p95"])
+    assert not judged.iloc[2]["meets_all"] and not verdict(judged, parse_slo("ttft_p95=10s"))["passed"]
+
+
+def test_markdown_summary_has_the_table_and_the_verdict():
+    records, timeline = _records()
+    objectives = parse_slo("ttft_p95=1s")
+    judged = judge_steps(records, timeline, objectives)
+    table = pd.DataFrame(
+        {
+            "users": [1, 2], "requests": [10, 8], "errors": [0, 2], "aggregate_tok_s": [10.0, math.nan],
+            "ttft_p95_s": [0.955, 2.0], "tpot_p95_s": [0.01, 0.02], "e2e_mean_s": [1.0, 3.0],
+        }
+    )  # fmt: skip
+    page = markdown_summary("Load test", table, judged, verdict_lines(verdict(judged, objectives), objectives), [])
+    assert "| 1 | 10 | 0 | 10.0 | 955.0 ms | 10.0 ms | 1000.0 ms | 100.0% | met |" in page
+    assert "| 2 | 8 | 2 | - | 2000.0 ms" in page and "**broken**" in page
+    assert "SLO gate FAILED" in page
+
+
+def _gated_run(fake_server, tmp_path, slo: str, *args: str):
+    server = fake_server("--ttft-ms", "30", "--itl-ms", "2")
+    run_dir = tmp_path / "run"
+    proc = locust(
+        "--host", server.url, "--steps", "2", "--step-duration", "3s", "--step-warmup", "1s", "--max-tokens", "8",
+        "--run-dir", str(run_dir), "--slo", slo, "--no-report", *args,
+    )  # fmt: skip
+    return proc, run_dir
+
+
+def test_gate_passes_when_the_objectives_hold(fake_server, tmp_path):
+    args = ("--memory-bandwidth-gbs", "1000", "--model-bytes", "1GB")  # a 1000 tokens/s ceiling
+    proc, run_dir = _gated_run(fake_server, tmp_path, "ttft_p95=2s,error_rate=0%", *args)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "SLO gate PASSED" in proc.stdout
+    page = (run_dir / "summary.md").read_text()
+    assert "SLO gate PASSED" in page and "| 2 |" in page
+    assert json.loads((run_dir / "run.json").read_text())["options"]["slo"] == "ttft_p95=2s,error_rate=0%"
+    # The ceiling: measured = 1 / TPOT p50 of the (only) step, against 1000 GB/s / 1 GB.
+    tpot = pd.read_csv(run_dir / "steps.csv")["tpot_p50_s"].iloc[0]
+    ceiling = efficiency_ceiling(run_dir, pd.read_csv(run_dir / "steps.csv"))
+    assert ceiling["decode_ceiling_tok_s"] == pytest.approx(1000.0)
+    assert ceiling["decode_efficiency"] == pytest.approx(1 / tpot / 1000.0)
+    assert "Efficiency ceiling:" in proc.stdout and f"{1 / tpot:.1f} tokens/s" in proc.stdout
+
+
+def test_gate_fails_the_run_exactly_when_an_objective_breaks(fake_server, tmp_path):
+    # The fake server sends its first token after 30 ms: a 5 ms TTFT objective cannot hold.
+    proc, run_dir = _gated_run(fake_server, tmp_path, "ttft_p50=5ms")
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "SLO gate FAILED" in proc.stdout and "Step 0 (2 users): ttft_p50 <= 5.0 ms" in proc.stdout
+    assert "**broken**" in (run_dir / "summary.md").read_text()
+
+
+def test_bad_slo_is_a_one_line_error_before_any_request(fake_server, tmp_path):
+    proc, _ = _gated_run(fake_server, tmp_path, "ttft=1s")
+    assert proc.returncode == 3
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no objective 'ttft'" in errors[0]
