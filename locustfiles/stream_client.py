@@ -201,8 +201,11 @@ class StreamClient:
                 if kernel:
                     data, ancillary, _flags, _addr = recvmsg(RECV_BYTES, ANCILLARY_BYTES)
                     # Offsets in wall-clock time, the clock of the kernel's stamps and of the send stamp.
-                    t = _timespec(ancillary[0][2]) if ancillary else None
-                    t = wall() if t is None else t[0] + t[1] * 1e-9
+                    if ancillary and ancillary[0][1] == SO_TIMESTAMPNS:  # SCM_TIMESTAMPNS has the option's value
+                        sec, nsec = _timespec(ancillary[0][2])
+                        t = sec + nsec * 1e-9
+                    else:  # the end of the stream (no data, no stamp)
+                        t = wall()
                 else:
                     data = recv(RECV_BYTES)
                     t = wall()
