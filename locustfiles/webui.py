@@ -93,19 +93,20 @@ class LLMTab:
         web_ui.template_args["extended_tables"] = [
             {"key": TAB, "structure": [{"key": k, "title": t} for k, t in COLUMNS]}
         ]
+        # Under --web-base-path Locust serves everything below that prefix (a reverse proxy's path): so do these.
+        base = (getattr(environment.parsed_options, "web_base_path", None) or "").rstrip("/")
         web_ui.template_args["extended_csv_files"] = [
-            {"href": "/llm/requests.parquet", "title": "LLM: raw request records so far (requests.parquet)"},
-            {"href": "/llm/report.html", "title": "LLM: HTML report of the run so far (report.html)"},
+            {"href": f"{base}/llm/requests.parquet", "title": "LLM: raw request records so far (requests.parquet)"},
+            {"href": f"{base}/llm/report.html", "title": "LLM: HTML report of the run so far (report.html)"},
         ]
         app = web_ui.app
         app.after_request(self._inject)
         app.after_request(self._redact)  # registered last, runs first: Flask calls after_request in reverse
         app.before_request(self._unmask)
-        app.add_url_rule("/llm/stats", "llm_stats", web_ui.auth_required_if_enabled(self._stats_json))
-        app.add_url_rule(
-            "/llm/requests.parquet", "llm_records", web_ui.auth_required_if_enabled(self._records_download)
-        )
-        app.add_url_rule("/llm/report.html", "llm_report", web_ui.auth_required_if_enabled(self._report_download))
+        auth = web_ui.auth_required_if_enabled
+        app.add_url_rule(f"{base}/llm/stats", "llm_stats", auth(self._stats_json))
+        app.add_url_rule(f"{base}/llm/requests.parquet", "llm_records", auth(self._records_download))
+        app.add_url_rule(f"{base}/llm/report.html", "llm_report", auth(self._report_download))
 
     # --- live rows ------------------------------------------------------------------------------------
     def rows(self) -> list[dict]:

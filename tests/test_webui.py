@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -110,3 +111,26 @@ def test_llm_tab_live_rows_in_a_distributed_run_match_the_final_table(fake_serve
         if path.is_file():
             assert b"sk-test-SECRET-7777" not in path.read_bytes(), path
     assert "sk-test-SECRET-7777" not in (tmp_path / "locust.log").read_text()
+
+
+def test_llm_routes_follow_web_base_path(fake_server, tmp_path):
+    """Behind a reverse proxy's path (--web-base-path), the LLM tab's routes and download links live under it."""
+    server = fake_server("--ttft-ms", "5", "--itl-ms", "1")
+    port = free_port()
+    ui = f"http://127.0.0.1:{port}/lt"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "locust", "-f", LOCUSTFILE, "--host", server.url, "--web-host", "127.0.0.1",
+         "--web-port", str(port), "--web-base-path", "/lt", "--run-dir", str(tmp_path / "run")],
+        cwd=ROOT, stdout=open(tmp_path / "locust.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_for(ui + "/llm/stats")
+        assert b"/lt/llm/requests.parquet" in get(ui + "/") and b"/lt/llm/report.html" in get(ui + "/")
+        try:
+            get(f"http://127.0.0.1:{port}/llm/stats")
+            raise AssertionError("the LLM routes are also served outside --web-base-path")
+        except urllib.error.HTTPError as e:
+            assert e.code == 404
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
