@@ -19,7 +19,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analysis.records import RECEIVED_DIR
+from analysis.records import RECEIVED_DIR, read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -104,17 +104,10 @@ def sample_line(
 def _read_lines(folder: Path) -> list[dict]:
     rows: list[dict] = []
     for path in sorted(folder.glob("*.jsonl")):
-        bad = 0
-        with open(path, "rb") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(orjson.loads(line))
-                except orjson.JSONDecodeError:
-                    bad += 1
+        file_rows, bad = read_jsonl(path)
         if bad:
             logger.warning("%s: skipped %d unreadable line(s) (cut off by a crash?)", path, bad)
+        rows.extend(file_rows)
     return rows
 
 

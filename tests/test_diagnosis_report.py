@@ -50,25 +50,12 @@ def test_no_knee():
 
 def test_report_is_self_contained_and_escapes_server_text(fake_server, tmp_path):
     from analysis.report import REPORT_FILE, SUMMARY_FILE
-    from tests.test_headless import locust
+    from tests.test_headless import short_run
 
     server = fake_server(
         "--ttft-ms", "5", "--itl-ms", "1", "--model", "<script>alert(1)</script>", "--faults", "http_500=5"
     )
-    proc = locust(
-        "--host",
-        server.url,
-        "--steps",
-        "1,2",
-        "--step-duration",
-        "2s",
-        "--step-warmup",
-        "0s",
-        "--max-tokens",
-        "8",
-        "--run-dir",
-        str(tmp_path / "r"),
-    )
+    proc = short_run(server.url, tmp_path / "r")
     assert proc.returncode == 1, proc.stderr[-2000:]  # the injected 500s are failures
     page = (tmp_path / "r" / REPORT_FILE).read_text()
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page

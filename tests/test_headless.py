@@ -30,6 +30,14 @@ def locust(*args: str, cwd=None, env=None, timeout=120) -> subprocess.CompletedP
     )
 
 
+def short_run(host: str, run_dir, *args: str) -> subprocess.CompletedProcess:
+    """Two 2 s steps (1 and 2 users, no warm-up) of 8-token requests: the shortest run with a table and a report."""
+    return locust(
+        "--host", host, "--steps", "1,2", "--step-duration", "2s", "--step-warmup", "0s", "--max-tokens", "8",
+        "--run-dir", str(run_dir), *args,
+    )  # fmt: skip
+
+
 def test_stepped_headless_run_writes_records_and_the_step_table(fake_server, tmp_path):
     server = fake_server("--ttft-ms", "20", "--itl-ms", "5")
     run_dir = tmp_path / "run"

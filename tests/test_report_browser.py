@@ -2,7 +2,7 @@
 
 from analysis.report import REPORT_FILE
 from tests.browser import PNG_SIGNATURE, chromium, open_page, png_size, require_chromium, screenshot
-from tests.test_headless import locust
+from tests.test_headless import short_run
 
 VIEWPORT = (1400, 900)
 
@@ -29,20 +29,7 @@ def test_report_renders_in_chromium(fake_server, tmp_path):
     require_chromium()  # fail at once, before the run, when Chromium is missing
     server = fake_server("--ttft-ms", "5", "--itl-ms", "1")  # /metrics up: the timeline gets server series
     run_dir = tmp_path / "run"
-    proc = locust(
-        "--host",
-        server.url,
-        "--steps",
-        "1,2",
-        "--step-duration",
-        "2s",
-        "--step-warmup",
-        "0s",
-        "--max-tokens",
-        "8",
-        "--run-dir",
-        str(run_dir),
-    )
+    proc = short_run(server.url, run_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = run_dir / REPORT_FILE
     html = report.read_text(encoding="utf-8")
