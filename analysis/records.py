@@ -50,6 +50,10 @@ class RequestRecord:
     finish_reason: str | None = None
     chunk_offsets_s: list[float] = field(default_factory=list)
     chunk_tokens: list[int] = field(default_factory=list)
+    # Added with prompt sources (--dataset); older records read them as missing.
+    dataset: str | None = None  # the --dataset spec the prompt came from, e.g. "synthetic:128"
+    max_tokens: int | None = None  # the max_tokens this request asked for (--max-tokens or --max-tokens-dist)
+    reference_output_tokens: int | None = None  # the dataset's own answer length (sharegpt), else missing
 
 
 SCHEMA = pa.schema(
@@ -77,6 +81,9 @@ SCHEMA = pa.schema(
         ("finish_reason", pa.string()),
         ("chunk_offsets_s", pa.list_(pa.float64())),
         ("chunk_tokens", pa.list_(pa.int32())),
+        ("dataset", pa.string()),
+        ("max_tokens", pa.int64()),
+        ("reference_output_tokens", pa.int64()),
     ]
 )
 assert [f.name for f in fields(RequestRecord)] == SCHEMA.names, "RequestRecord and SCHEMA must list the same columns"
@@ -162,7 +169,15 @@ def load_records(run_dir: Path, columns: list[str] | None = None) -> pd.DataFram
     run_dir = Path(run_dir)
     parquet = run_dir / REQUESTS_FILE
     if parquet.exists():
-        return pd.read_parquet(parquet, columns=columns)
+        if columns is None:
+            return pd.read_parquet(parquet)
+        # A requests.parquet written before a column was added (dataset, max_tokens, ...) reads it as missing.
+        present = set(pq.read_schema(parquet).names)
+        df = pd.read_parquet(parquet, columns=[c for c in columns if c in present])
+        for name in columns:
+            if name not in present:
+                df[name] = None
+        return df[columns]
     records = merge_records(run_dir, write=False)
     return records if columns is None else records[columns]
 

@@ -64,6 +64,7 @@ def summary(run_dir: Path, table: pd.DataFrame, records: pd.DataFrame) -> dict:
         "started_at": run.get("started_at"),
         "finished_at": run.get("finished_at"),
         "options": run.get("options", {}),
+        "dataset": _dataset_info(run),
         "models": sorted(records["model"].dropna().unique().tolist()),
         "requests": len(records),
         "ok": len(ok),
@@ -330,6 +331,46 @@ def _cdfs(records: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def _dataset_info(run: dict) -> dict:
+    """How the run's prompts were built (run.json's "dataset"); runs from before prompt sources used --prompt."""
+    options = run.get("options") or {}
+    return run.get("dataset") or {"spec": options.get("dataset") or "fixed"}
+
+
+def _workload_html(run: dict, table: pd.DataFrame) -> str:
+    """The prompt source, how max_tokens was chosen and, when the server counts them, its prefix-cache hits per
+    step: the figure a shared-prefix workload is run for."""
+    options = run.get("options") or {}
+    info = _dataset_info(run)
+    spec = str(info.get("spec") or "fixed")
+    items = [f"Prompt source: --dataset {spec}" + (f" ({info['items']} prompts)" if info.get("items") else "")]
+    if info.get("tokenizer"):
+        items.append(f"Token lengths from: {info['tokenizer']}")
+    dist = options.get("max_tokens_dist") or ("reference" if spec.startswith("sharegpt") else "fixed")
+    items.append(
+        f"max_tokens per request: {dist}"
+        + (f" (--max-tokens {options.get('max_tokens')})" if dist in ("fixed", "reference") else "")
+        + (f", --seed {options.get('seed')}" if options.get("seed") is not None else "")
+    )
+    items += [str(note) for note in info.get("notes") or []]
+    rates = table[["step", "users", "prefix_cache_hit_rate"]] if "prefix_cache_hit_rate" in table.columns else None
+    if rates is not None and rates["prefix_cache_hit_rate"].notna().any():
+        items.append(
+            "Prefix-cache hit rate (server counters: prompt tokens found in the cache / looked up): "
+            + ", ".join(
+                f"step {int(r.step)} ({int(r.users)} users) "
+                + ("-" if pd.isna(r.prefix_cache_hit_rate) else f"{r.prefix_cache_hit_rate:.0%}")
+                for r in rates.itertuples(index=False)
+            )
+        )
+    elif spec.startswith("shared-prefix"):
+        items.append(
+            "Prefix-cache hit rate: not available (the server exposed no vllm:prefix_cache_queries_total, or "
+            "--metrics-url was off)"
+        )
+    return "<h2>Workload</h2><ul>" + "".join(f"<li>{html.escape(t)}</li>" for t in items) + "</ul>"
+
+
 def _table_html(table: pd.DataFrame) -> str:
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
     rows = []
@@ -461,6 +502,7 @@ def build_report(
         _generator_html(table),
         _slo_html(slo_gate(run_dir, records)),
         _ceiling_html(efficiency_ceiling(run_dir, table)),
+        _workload_html(run, table),
     ]
     parts += [f.to_html(full_html=False, include_plotlyjs=False) for f in figures]
     parts += ["<h2>Per-step table</h2>", _table_html(table)]

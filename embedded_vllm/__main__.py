@@ -1,7 +1,7 @@
 """Command line of the embedded vLLM server.
 
 python -m embedded_vllm install            # vLLM's CPU build in its own venv, and the tiny model
-python -m embedded_vllm serve [--port 8000] [--num-blocks 128 ...]   # until Ctrl-C
+python -m embedded_vllm serve [--port 8000] [--num-blocks 128 ...]   # until Ctrl-C (--no-prefix-caching)
 python -m embedded_vllm demo               # server + stepped load + table, results in reports/
 python -m embedded_vllm wait URL           # wait until URL/health answers (used by docker-compose)
 """
@@ -25,6 +25,7 @@ def _settings_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=d.max_model_len)
     p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="max concurrent sequences")
     p.add_argument("--startup-timeout", type=float, default=d.startup_timeout_s, help="seconds")
+    p.add_argument("--no-prefix-caching", action="store_true", help="disable vLLM's prefix caching (on by default)")
 
 
 def _settings(a: argparse.Namespace) -> ServerSettings:
@@ -35,6 +36,7 @@ def _settings(a: argparse.Namespace) -> ServerSettings:
         max_model_len=a.max_model_len,
         max_num_seqs=a.max_num_seqs,
         startup_timeout_s=a.startup_timeout,
+        prefix_caching=not a.no_prefix_caching,
     )
 
 

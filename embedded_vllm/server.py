@@ -123,6 +123,9 @@ class ServerSettings:
     max_num_seqs: int = 64
     kv_cache_space_gib: int = 1
     served_model_name: str = "tiny"
+    # vLLM's V1 engine caches prompt prefixes by default; passed explicitly so that a shared-prefix workload
+    # (--dataset shared-prefix:L) is known to hit the cache, and a run without the cache is one setting away.
+    prefix_caching: bool = True
     startup_timeout_s: float = 420.0
 
 
@@ -167,6 +170,7 @@ class EmbeddedVLLM:
             "--host", "127.0.0.1", "--port", str(self.port),
             "--num-gpu-blocks-override", str(s.num_blocks), "--block-size", str(s.block_size),
             "--max-model-len", str(s.max_model_len), "--max-num-seqs", str(s.max_num_seqs),
+            "--enable-prefix-caching" if s.prefix_caching else "--no-enable-prefix-caching",
         ]  # fmt: skip
 
     def start(self) -> EmbeddedVLLM:

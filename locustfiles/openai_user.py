@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 import secrets
 import time
 
+import orjson
 from gevent import GreenletExit
 from geventhttpclient.response import HTTPParseError
 from geventhttpclient.url import URL
@@ -32,11 +34,14 @@ from analysis.sse import (
     ParsedStream,
     StreamParser,
 )
+from locustfiles import datasets
 from locustfiles import options as options_mod
 from locustfiles.options import ENDPOINTS
 from locustfiles.stream_client import StreamClient
 
 CONNECT_TIMEOUT_S = 30.0
+_PLACEHOLDER = datasets.REQUEST_ID_PLACEHOLDER.encode("latin-1")
+_user_numbers = itertools.count()  # users started by this process, for their seeds
 
 
 class LLMRequestError(Exception):
@@ -48,20 +53,23 @@ class LLMRequestError(Exception):
         self.message = message
 
 
-def build_payload(options, model: str, prompt: str | None = None) -> dict:
-    """The JSON body of one request, from the run's options (`prompt` replaces --prompt)."""
+def build_payload(options, model: str, prompt: str | list[dict] | None = None, max_tokens: int | None = None) -> dict:
+    """The JSON body of one request, from the run's options (`prompt` replaces --prompt: text, or chat messages;
+    `max_tokens` replaces --max-tokens)."""
     prompt = options.prompt if prompt is None else prompt
     stream_options = {"include_usage": True}
     if not options.no_continuous_usage:
         stream_options["continuous_usage_stats"] = True
     payload: dict = {
         "model": model,
-        "max_tokens": options.max_tokens,
+        "max_tokens": options.max_tokens if max_tokens is None else max_tokens,
         "temperature": options.temperature,
         "stream": True,
         "stream_options": stream_options,
     }
-    if options.endpoint == "chat":
+    if isinstance(prompt, list):
+        payload["messages"] = prompt  # a source's chat messages (only built for the chat endpoint)
+    elif options.endpoint == "chat":
         payload["messages"] = [{"role": "user", "content": prompt}]
     else:
         payload["prompt"] = prompt
@@ -104,7 +112,6 @@ class OpenAIStreamingUser(User):
         self.endpoint = opts.endpoint
         base = URL(self.host)
         self.path = base.path.rstrip("/") + ENDPOINTS[opts.endpoint]
-        prompts = options_mod.load_prompts(opts.prompt_file) if getattr(opts, "prompt_file", "") else [None]
         headers = {
             "Content-Type": "application/json",
             "Accept": "text/event-stream",
@@ -125,12 +132,39 @@ class OpenAIStreamingUser(User):
             network_timeout=opts.read_timeout,
             keep_alive=opts.keep_alive,
         )
-        # Serialized once, HTTP head included: the request path then only hands prepared bytes to the socket.
-        self.bodies = [self.http.prepare(json.dumps(build_payload(opts, self.model, p)).encode()) for p in prompts]
-        self._next_body = 0
+        self._prepare_dataset(opts)
         # Request ids: a random per-user prefix and a counter (32 hex digits like a uuid4, without a getrandom
         # system call per request: 50 µs each under the profiler).
         self._ids = map(f"{secrets.token_hex(10)}{{:012x}}".format, itertools.count())
+
+    def _prepare_dataset(self, opts) -> None:
+        """The run's prompts (--dataset) and, unless max_tokens varies per request, their request bytes."""
+        dataset = self.run.dataset(self.host, self.model)
+        source = datasets.parse_dataset(opts.dataset)
+        self.dataset_spec = dataset.spec
+        self.items = dataset.items
+        self.max_tokens = datasets.parse_max_tokens(opts.max_tokens_dist, opts.max_tokens, source)
+        runner = self.environment.runner
+        # Per user, its own draws (start and max_tokens), reproducible for the same --seed and user layout.
+        self.rng = random.Random(f"{opts.seed}:{getattr(runner, 'worker_index', 0)}:{next(_user_numbers)}")
+        # `fixed` starts every user at the first prompt, as before sources; the others spread the users out.
+        self._next_body = 0 if isinstance(source, datasets.FixedSource) else self.rng.randrange(len(self.items))
+        if self.max_tokens.varies:
+            # A max_tokens per request: the body is serialized per request, before the send stamp.
+            self.payloads = [build_payload(opts, self.model, item.prompt) for item in self.items]
+            self.bodies = None
+            return
+        # Serialized once per process, HTTP head included: the request path then only hands prepared bytes to the
+        # socket. Keyed by everything else that shapes the bytes (the same for all users of a run).
+        key = (self.http._head, opts.max_tokens_dist, json.dumps(build_payload(opts, self.model, "")))
+        if key not in dataset.prepared:
+            limits = [self.max_tokens.draw(self.rng, item) for item in self.items]
+            bodies = [
+                self.http.prepare(json.dumps(build_payload(opts, self.model, item.prompt, n)).encode())
+                for item, n in zip(self.items, limits)
+            ]
+            dataset.prepared[key] = (bodies, limits)
+        self.bodies, self.body_max_tokens = dataset.prepared[key]
 
     def on_stop(self) -> None:
         http = getattr(self, "http", None)
@@ -151,8 +185,21 @@ class OpenAIStreamingUser(User):
         parser = StreamParser()
         http = self.http
         failure: LLMRequestError | None = None
-        prepared = self.bodies[self._next_body % len(self.bodies)]
+        # The request bytes, all made before the send stamp (taken inside http.stream, after connecting).
+        index = self._next_body % len(self.items)
         self._next_body += 1
+        item = self.items[index]
+        if self.bodies is not None:
+            prepared = self.bodies[index]
+            record.max_tokens = self.body_max_tokens[index]
+        else:
+            payload = self.payloads[index]
+            payload["max_tokens"] = record.max_tokens = self.max_tokens.draw(self.rng, item)
+            prepared = http.prepare(orjson.dumps(payload))
+        if item.per_request:  # the prompt carries this request's id (same length: Content-Length holds)
+            prepared = (prepared[0], prepared[1].replace(_PLACEHOLDER, record.request_id.encode("latin-1")))
+        record.dataset = self.dataset_spec
+        record.reference_output_tokens = item.reference_output_tokens
         try:
             http.stream(prepared, record.request_id, parser.feed)
             if http.status == 0:

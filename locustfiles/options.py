@@ -76,7 +76,35 @@ def add_arguments(parser) -> None:
         help="JSON list of prompt strings used in turn instead of --prompt",
     )
     parser.add_argument(
+        "--dataset",
+        default="fixed",
+        env_var="LOCUST_DATASET",
+        help="Prompt source: fixed (--prompt / --prompt-file), synthetic:N (prompts of N tokens), sharegpt:PATH "
+        "(a ShareGPT JSON file), shared-prefix:L (a system prompt of L tokens shared by every request)",
+    )
+    parser.add_argument(
+        "--num-prompts",
+        type=int,
+        default=100,
+        env_var="LOCUST_NUM_PROMPTS",
+        help="Distinct prompts built by synthetic and shared-prefix, conversations drawn by sharegpt",
+    )
+    parser.add_argument(
         "--max-tokens", type=int, default=256, env_var="LOCUST_MAX_TOKENS", help="max_tokens per request"
+    )
+    parser.add_argument(
+        "--max-tokens-dist",
+        default="",
+        env_var="LOCUST_MAX_TOKENS_DIST",
+        help="Per-request max_tokens: fixed (--max-tokens), reference (the dataset's answer lengths), "
+        "uniform:LOW:HIGH or normal:MEAN:SD. Default: reference for sharegpt, else fixed",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        env_var="LOCUST_SEED",
+        help="Seed of the generated and sampled prompts and of --max-tokens-dist (the same in every worker)",
     )
     parser.add_argument(
         "--temperature",
@@ -272,3 +300,17 @@ def check(options: argparse.Namespace) -> None:
         parse_slo(options.slo)
     if getattr(options, "prompt_file", ""):
         load_prompts(options.prompt_file)
+    check_dataset(options)
+
+
+def check_dataset(options: argparse.Namespace) -> None:
+    """--dataset, --num-prompts and --max-tokens-dist (a ShareGPT file is read here, before any load)."""
+    from locustfiles.datasets import FixedSource, parse_dataset, parse_max_tokens
+
+    source = parse_dataset(getattr(options, "dataset", "fixed"))
+    source.check()
+    if getattr(options, "prompt_file", "") and not isinstance(source, FixedSource):
+        raise ValueError(f"--prompt-file applies to --dataset fixed only, not --dataset {source.spec}")
+    if getattr(options, "num_prompts", 1) < 1:
+        raise ValueError(f"--num-prompts {options.num_prompts} must be at least 1")
+    parse_max_tokens(getattr(options, "max_tokens_dist", ""), options.max_tokens, source)

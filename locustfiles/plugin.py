@@ -50,6 +50,7 @@ from analysis.server_metrics import load_metrics
 from analysis.steps import format_table
 from locustfiles import options as opts_mod
 from locustfiles import selfcheck
+from locustfiles.datasets import Dataset, build_dataset
 from locustfiles.distributed import RecordShipper, WorkerLedger, register_worker_stop
 from locustfiles.scraper import MetricsScraper
 from locustfiles.shape import StepTracker
@@ -68,6 +69,10 @@ SAVED_OPTIONS = [
     "endpoint",
     "prompt",
     "max_tokens",
+    "dataset",
+    "num_prompts",
+    "max_tokens_dist",
+    "seed",
     "temperature",
     "ignore_eos",
     "read_timeout",
@@ -128,6 +133,8 @@ class RunContext:
         self.writer: RecordWriter | None = None
         self.started_at: float | None = None
         self._models: dict[str, AsyncResult] = {}
+        self._datasets: dict[tuple, gevent.Greenlet] = {}
+        self.dataset_info: dict | None = None  # how this process built --dataset, for run.json
         self._generated_run_dir: str | None = None
         self.scraper: MetricsScraper | None = None
         self.server_version: str | None = None
@@ -183,6 +190,26 @@ class RunContext:
             self.environment.process_exit_code = EXIT_SETUP_ERROR
             raise locust.exception.StopTest(str(e)) from None
 
+    def dataset(self, host: str, model: str) -> Dataset:
+        """The run's prompts (--dataset), built once per process and options by a greenlet of its own, so a user
+        stopped while waiting for it cannot leave the others waiting forever."""
+        o = self.environment.parsed_options
+        key = dataset_key(o, host, model)
+        if key not in self._datasets:  # a failed build stays failed: it is a setup error, not retried per user
+            if key in _PREFLIGHT_DATASETS:  # built (and so validated) before any load, by preflight()
+                self._datasets[key] = gevent.spawn(_PREFLIGHT_DATASETS.pop, key)
+            else:
+                self._datasets[key] = gevent.spawn(build_dataset, o.dataset, o, host, model, opts_mod.api_key(o))
+        try:
+            dataset = self._datasets[key].get()
+        except ValueError as e:  # DatasetError, or an unreadable --prompt-file
+            self.environment.process_exit_code = EXIT_SETUP_ERROR
+            raise locust.exception.StopTest(str(e)) from None
+        if self.dataset_info is None:
+            self.dataset_info = dataset.info
+            self._save_timeline(self.tracker.timeline)
+        return dataset
+
     # --- lifecycle -------------------------------------------------------------------------------------
     def on_test_start(self, environment, **_kw) -> None:
         # Locust's Runner.stop() calls inspect.stack(), whose first call scans every loaded module (~40 ms here)
@@ -229,6 +256,7 @@ class RunContext:
         if self.ledger is not None:
             self.workers = []
             self.ledger.start(self.run_dir)
+        self.dataset_info = None  # this run's, once its first user has built (or reused) it
         if self.is_controller:
             self.live.reset()
             self.last_live = None
@@ -361,6 +389,8 @@ class RunContext:
             "suite_version": SUITE_VERSION,
             "server_version": self.server_version,
             "options": {k: getattr(options, k, None) for k in SAVED_OPTIONS},
+            # How this process built --dataset (tokenizer or estimates, items, notes); a master builds none.
+            "dataset": self.dataset_info or {"spec": getattr(options, "dataset", "fixed")},
             "timeline": timeline,
             "workers": self.workers,
         }
@@ -419,19 +449,32 @@ def check_run_dir(path: Path) -> None:
         )
 
 
+# Datasets built by preflight(), by dataset_key(): the process's users take them instead of building them again.
+_PREFLIGHT_DATASETS: dict[tuple, Dataset] = {}
+
+
+def dataset_key(options, host: str, model: str) -> tuple:
+    """Everything a built --dataset depends on."""
+    o = options
+    return (host, model, o.dataset, o.endpoint, o.seed, o.num_prompts, o.prompt, getattr(o, "prompt_file", ""))
+
+
 def preflight(options) -> None:
-    """Before any load (headless): the host answers, the API key is accepted, --model is a model it serves."""
+    """Before any load (headless): the host answers, the API key is accepted, --model is a model it serves, and
+    --dataset can be built against it (a prompt length the tokenizer cannot make, a file nothing of fits)."""
     models = list_models(options.host, options.read_timeout, opts_mod.api_key(options))
     if models is None:
         if not options.model:
             raise SetupError(f"{options.host} has no /v1/models to discover the model from; pass --model")
         logger.warning("%s has no /v1/models: --model %s is not checked", options.host, options.model)
-        return
-    if options.model and options.model not in models:
+    elif options.model and options.model not in models:
         served = ", ".join(models[:5]) + (" …" if len(models) > 5 else "")
         raise SetupError(f"--model {options.model!r} is not served by {options.host} (it serves: {served})")
-    if not options.model and not models:
+    elif not options.model and not models:
         raise SetupError(f"{options.host}/v1/models lists no model; pass --model explicitly")
+    model = options.model or models[0]
+    key = dataset_key(options, options.host, model)
+    _PREFLIGHT_DATASETS[key] = build_dataset(options.dataset, options, options.host, model, opts_mod.api_key(options))
 
 
 def fetch_server_version(host: str, timeout: float = 5.0) -> str | None:

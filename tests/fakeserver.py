@@ -56,6 +56,7 @@ class Config:
     metrics: str = "up"  # down: 503; garbage: an HTML page; slow: answers after 3 s; flaky: every other is a 500
     api_key: str = ""  # when set, completions without "Authorization: Bearer <api_key>" get a 401
     hostile: bool = False  # <script> payloads in error messages, completions, metric labels and /version
+    tokenize: bool = True  # serve POST /tokenize (vLLM's); off: 404, as a server without it answers
 
 
 class State:
@@ -69,6 +70,8 @@ class State:
         self.running = 0
         self.received: list[str] = []  # X-Request-Id of every completion request, in arrival order
         self.metrics_calls = 0
+        self.prompts: list[dict] = []
+        self.tokenize_calls = 0  # every completion request's prompt or messages and max_tokens, in order
 
     def next_request(self, faults: list[tuple[str, int]]) -> tuple[int, str | None]:
         with self.lock:
@@ -79,6 +82,22 @@ class State:
                     self.faults[kind] = self.faults.get(kind, 0) + 1
                     return n, kind
             return n, None
+
+
+MAX_MODEL_LEN = 4096
+
+
+def count_tokens(prompt: object = None, messages: object = None, special: bool = True) -> int:
+    """The fake tokenizer: a word (whitespace-separated) of up to 4 characters is one token, longer words one
+    token per 4 characters; the prompt gets one BOS token (with special tokens); chat messages get a BOS, 3
+    template tokens per message and 1 for the generation prompt."""
+
+    def words(text: str) -> int:
+        return sum(-(-len(w) // 4) for w in str(text).split())
+
+    if messages is not None:
+        return 1 + sum(3 + words(m.get("content", "")) for m in messages) + 1
+    return words(prompt or "") + (1 if special else 0)
 
 
 class Handler(socketserver.StreamRequestHandler):
@@ -187,6 +206,19 @@ class Handler(socketserver.StreamRequestHandler):
                 b"content-length: %d\r\n\r\n" % len(text) + text
             )
             return True
+        if method == "POST" and path == "/tokenize":
+            if not cfg.tokenize:
+                return self.send_json(404, {"detail": "Not Found"})
+            req = json.loads(body or b"{}")
+            if "messages" not in req and not req.get("prompt"):
+                return self.send_json(400, {"error": {"message": "empty prompt", "code": 400}})
+            n = count_tokens(req.get("prompt"), req.get("messages"), bool(req.get("add_special_tokens", True)))
+            with state.lock:
+                state.tokenize_calls += 1
+            return self.send_json(200, {"count": n, "max_model_len": MAX_MODEL_LEN, "tokens": list(range(n))})
+        if method == "GET" and path == "/prompts":
+            with state.lock:
+                return self.send_json(200, {"prompts": list(state.prompts), "tokenize_calls": state.tokenize_calls})
         if method == "GET" and path == "/received":
             with state.lock:
                 return self.send_json(200, {"request_ids": list(state.received)})
@@ -217,6 +249,9 @@ class Handler(socketserver.StreamRequestHandler):
         request_id = headers.get("x-request-id", "")
         with state.lock:
             state.received.append(request_id)
+            state.prompts.append(
+                {"prompt": req.get("prompt"), "messages": req.get("messages"), "max_tokens": req.get("max_tokens")}
+            )
         wall_recv = self.wall_recv
         if fault and fault.startswith("http_"):
             code = int(fault[5:])
@@ -234,7 +269,7 @@ class Handler(socketserver.StreamRequestHandler):
         include_usage = bool(opts.get("include_usage"))
         continuous = bool(opts.get("continuous_usage_stats"))
         n_tokens = cfg.tokens if cfg.tokens is not None else int(req.get("max_tokens") or 16)
-        prompt_tokens = 7
+        prompt_tokens = count_tokens(req.get("prompt"), req.get("messages"))
         self.wfile.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n"
         )
@@ -407,6 +442,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--queue-s", type=float, default=10.0, help="first-token delay of the 'queue' fault")
     p.add_argument("--api-key", default="", help="require this Bearer token on completions")
     p.add_argument("--hostile", action="store_true", help="<script> payloads in every text the server returns")
+    p.add_argument("--no-tokenize", action="store_true", help="no POST /tokenize (404), as a server without it")
     a = p.parse_args(argv)
     cfg = Config(
         a.ttft_ms / 1000,
@@ -421,6 +457,7 @@ def main(argv: list[str] | None = None) -> None:
         a.metrics,
         a.api_key,
         a.hostile,
+        not a.no_tokenize,
     )
     sys.setswitchinterval(0.0002)  # hand the GIL over fast: a waking handler thread must not wait 5 ms
     server = Server((a.host, a.port), cfg)

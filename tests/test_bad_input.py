@@ -39,7 +39,7 @@ def test_rejected_api_key(fake_server, tmp_path):
 
 @pytest.mark.parametrize(
     ("content", "expected"),
-    [("[\"ok\", ", "is not JSON"), ('{"prompt": "x"}', "must be a non-empty JSON list"), (None, "No such file")],
+    [('["ok", ', "is not JSON"), ('{"prompt": "x"}', "must be a non-empty JSON list"), (None, "No such file")],
 )
 def test_a_prompt_file_that_does_not_parse(fake_server, tmp_path, content, expected):
     server = fake_server()
@@ -77,10 +77,33 @@ def test_an_unwritable_run_directory(fake_server, tmp_path):
         (["--max-tokens", "0"], "--max-tokens"),
         (["--max-tokens", "many"], "--max-tokens"),
         (["--read-timeout", "-1"], "--read-timeout"),
+        (["--dataset", "lorem"], "--dataset"),
+        (["--dataset", "synthetic:0"], "--dataset synthetic:0"),
+        (["--dataset", "synthetic:1"], "--dataset synthetic:1"),  # shorter than any word: found by preflight
+        (["--max-tokens-dist", "uniform:9:1"], "--max-tokens-dist"),
+        (["--num-prompts", "0"], "--num-prompts"),
     ],
 )
 def test_invalid_values(fake_server, tmp_path, args, expected):
     server = fake_server()
     line = one_error_line(locust("--host", server.url, *args, "--run-dir", str(tmp_path / "r")))
     assert expected in line
+    assert server.get("/stats")["requests"] == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("[{", "is not JSON"),
+        ('[{"conversations": [{"from": "gpt", "value": "x"}]}]', "no conversation"),
+        (None, "No such file"),
+    ],
+)
+def test_a_sharegpt_file_that_does_not_parse(fake_server, tmp_path, content, expected):
+    server = fake_server()
+    path = tmp_path / "sharegpt.json"
+    if content is not None:
+        path.write_text(content)
+    line = one_error_line(locust("--host", server.url, *QUICK, "--dataset", f"sharegpt:{path}"))
+    assert f"--dataset sharegpt:{path}" in line and expected in line
     assert server.get("/stats")["requests"] == 0

@@ -94,3 +94,15 @@ def test_records_survive_sigkill_of_the_writing_process(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], cwd=os.getcwd())
     assert proc.returncode == -signal.SIGKILL
     assert len(merge_records(tmp_path)) == 50
+
+
+def test_a_requests_file_from_before_the_dataset_columns_reads_them_as_missing(tmp_path):
+    from analysis.records import REQUEST_COLUMNS, load_records
+
+    RecordWriter(tmp_path / RECORDS_DIR / "a.jsonl").write(make(1))
+    merge_records(tmp_path)
+    old = pq.read_table(tmp_path / REQUESTS_FILE).drop(["dataset", "max_tokens", "reference_output_tokens"])
+    pq.write_table(old, tmp_path / REQUESTS_FILE)
+    records = load_records(tmp_path, columns=REQUEST_COLUMNS)
+    assert list(records.columns) == REQUEST_COLUMNS and records["dataset"].isna().all()
+    assert records["request_id"].tolist() == ["id1"]

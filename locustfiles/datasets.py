@@ -1,0 +1,585 @@
+"""Prompt sources (`--dataset`) and per-request `max_tokens` (`--max-tokens-dist`).
+
+Every source is one small class behind one interface: `parse` validates its argument (`synthetic:128` -> 128),
+`check` validates what can be checked without a server (a file), and `build` returns the source's items, each a
+prompt (text, or chat messages) and the reference output length when the source has one. A user then walks the
+items in turn and draws each request's max_tokens from a `MaxTokens` sampler.
+
+    fixed             --prompt, or the prompts of --prompt-file in turn (the default; the behaviour before sources)
+    synthetic:N       prompts of exactly N prompt tokens (the server's count), of random common words
+    sharegpt:PATH     a ShareGPT JSON file: first human turn -> prompt, the next gpt turn's length -> reference
+    shared-prefix:L   one system prompt of L tokens shared by every request, then a suffix unique to the request
+
+Exact token lengths come from the server's own tokenizer: vLLM's `POST /tokenize` ({"model", "prompt"} or
+{"model", "messages"} -> {"count", "max_model_len", "tokens"}). A server without it gets an estimate (one common
+word per token, 4 characters per token for reference lengths), a one-line warning, and records that still hold
+the server's usage.prompt_tokens.
+
+Every process builds the same items from the same options (`--seed`): the workers of a distributed run send the
+same prompts, and two runs with the same options send the same prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from geventhttpclient import HTTPClient
+from geventhttpclient.url import URL
+
+logger = logging.getLogger("vllm_loadtest.datasets")
+
+# Replaced by each request's X-Request-Id (always 32 hex digits, see OpenAIStreamingUser) in the serialized body
+# just before the request is sent: the same length, so the prepared Content-Length stays right, and no JSON
+# escaping can touch it. It makes every shared-prefix request unique right after the shared part.
+REQUEST_ID_PLACEHOLDER = "%" * 14 + "REQUEST_ID" + "%" * 8
+assert len(REQUEST_ID_PLACEHOLDER) == 32
+
+# Short, common English words: with a real model's tokenizer most of them are one token after a space, which is
+# what makes "N words" a fair estimate of N tokens without /tokenize.
+WORDS = (
+    "the of and to in is was he for it with as his on be at by had are but from or have an they which one you "
+    "were all we her she there would their will when who him been has more if no out so said what up its about "
+    "into than them can only other new some could time these two may then do first any my now such like our "
+    "over man me even most made after also did many before must through back years where much your way well "
+    "down should because each just those people how too little state good very make world still own see men "
+    "work long get here between both life being under never day same another know while last might us great "
+    "old year off come since against go came right used take three"
+).split()
+# Appended one at a time to close the last few tokens of a gap that the next word would overshoot.
+FILLERS = (" a", ".", ",", " I", " x", "!", " 1", "-", " the")
+QUESTIONS = (
+    "Summarize the text above in one sentence.",
+    "What is the main idea of the instructions above?",
+    "List three keywords from the text above.",
+    "Translate the first sentence above into French.",
+    "Explain the text above to a ten-year-old.",
+    "Which part of the text above is the most important, and why?",
+    "Write a title for the text above.",
+    "Rewrite the last sentence above more formally.",
+)
+
+
+class DatasetError(ValueError):
+    """Bad --dataset input or a dataset that cannot be built; the message is one line with the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One prompt: text (sent as `prompt`, or as one user message on the chat endpoint) or chat messages."""
+
+    prompt: str | list[dict]
+    reference_output_tokens: int | None = None  # the length of the dataset's own answer, when it has one
+    per_request: bool = False  # the prompt holds REQUEST_ID_PLACEHOLDER, replaced by each request's id
+
+
+@dataclass
+class Dataset:
+    """A built source: its items, and how it was built (for run.json and the log)."""
+
+    spec: str
+    items: list[Item]
+    info: dict = field(default_factory=dict)
+    # Serialized request bodies shared by the users of a process, keyed by what else shapes them (see
+    # OpenAIStreamingUser): one copy per process instead of one per user.
+    prepared: dict = field(default_factory=dict, repr=False)
+
+
+# --- the server's tokenizer ---------------------------------------------------------------------------------
+class Tokenizer:
+    """Token counts from the server's POST /tokenize (vLLM), counted as the server counts a request's prompt."""
+
+    MISSING = (404, 405, 501)  # no such endpoint
+
+    def __init__(self, host: str, model: str, api_key: str | None = None, timeout: float = 30.0) -> None:
+        base = URL(host)
+        self.path = base.path.rstrip("/") + "/tokenize"
+        self.model = model
+        # A fresh connection per call: uvicorn (vLLM's HTTP server) can drop a request sent on a kept-alive
+        # connection right after the previous response (uvicorn #824/#1637), and these calls come back to back.
+        self.headers = {"Content-Type": "application/json", "Accept": "application/json", "Connection": "close"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        self.client = HTTPClient.from_url(base, connection_timeout=min(10.0, timeout), network_timeout=timeout)
+        self.max_model_len: int | None = None
+        self.calls = 0
+
+    def _post(self, body: dict) -> tuple[int, bytes]:
+        try:
+            response = self.client.post(self.path, body=json.dumps(body).encode(), headers=self.headers)
+            self.calls += 1
+            return response.status_code, response.read()
+        except Exception as e:  # transport errors of any kind: one line naming the endpoint
+            raise DatasetError(
+                f"the server's /tokenize failed ({type(e).__name__}: {e}) while building the dataset"
+            ) from None
+
+    def probe(self) -> str | None:
+        """None when /tokenize answers; else why not (one line, for the fallback's warning)."""
+        try:
+            status, body = self._post({"model": self.model, "prompt": "hello"})
+        except DatasetError as e:  # no usable /tokenize: the caller warns and falls back to estimates
+            return str(e)
+        if status != 200:
+            return f"HTTP {status}" + ("" if status in self.MISSING else f": {body[:200].decode(errors='replace')}")
+        try:
+            answer = json.loads(body)
+            int(answer["count"])
+        except (ValueError, KeyError, TypeError):
+            return "its answer has no token count"
+        self.max_model_len = answer.get("max_model_len") if isinstance(answer.get("max_model_len"), int) else None
+        return None
+
+    def count(self, prompt: str | list[dict], special: bool = True) -> int:
+        """Tokens of a prompt (with the special tokens the server adds, e.g. BOS) or of chat messages (with the
+        chat template); `special=False` counts bare text, as for a reference answer."""
+        body: dict = {"model": self.model}
+        if isinstance(prompt, list):
+            body["messages"] = prompt
+        else:
+            body["prompt"] = prompt
+            body["add_special_tokens"] = special
+        status, answer = self._post(body)
+        if status != 200:
+            raise DatasetError(
+                f"the server's /tokenize answered HTTP {status} ({answer[:200].decode(errors='replace')}) while "
+                "building the dataset; use --dataset fixed or fix the server"
+            )
+        return int(json.loads(answer)["count"])
+
+    def close(self) -> None:
+        self.client.close()
+
+
+@dataclass
+class BuildContext:
+    """What a source may use to build its items."""
+
+    endpoint: str  # completions or chat
+    seed: int
+    num_prompts: int
+    options: object  # the run's parsed options (fixed reads --prompt / --prompt-file)
+    tokenizer: Tokenizer | None = None  # None: the server has no /tokenize; lengths are estimates
+    notes: list[str] = field(default_factory=list)  # one-line remarks for the log and run.json
+
+
+def fit_words(
+    words: list[str],
+    target: int,
+    count: Callable[[str], int],
+    join: Callable[[list[str]], str] = " ".join,
+    more: Callable[[int], list[str]] | None = None,
+) -> tuple[str, int]:
+    """The longest text `join(words[:k])` of at most `target` tokens, padded with FILLERS towards exactly
+    `target`; returns (text, its token count). The count grows with k, so a search over k needs about log2 of the
+    bracket in /tokenize calls; the first guess uses the tokens-per-word ratio to start close. `more(n)` gives n
+    more words when all of them are still fewer than `target` tokens (a tokenizer with long tokens)."""
+    cache: dict[int, int] = {}
+
+    def f(k: int) -> int:
+        if k not in cache:
+            cache[k] = count(join(words[:k]))
+        return cache[k]
+
+    # No request for k = 0: vLLM rejects an empty prompt. 0 tokens is a lower bound, all the search needs there.
+    cache[0] = 0
+    words = list(words)
+    while more is not None and f(len(words)) <= target and len(words) < 64 * target + 64:
+        words += more(len(words))
+    lo, hi = 0, len(words)
+    if f(hi) <= target:
+        lo = hi
+    else:
+        bisect = False
+        while hi - lo > 1:
+            if bisect:
+                k = (lo + hi) // 2
+            else:  # interpolate on the measured tokens per word; alternate with bisection so it always converges
+                per_word = (f(hi) - f(lo)) / (hi - lo)
+                k = min(hi - 1, max(lo + 1, lo + int((target - f(lo)) / per_word)))
+            bisect = not bisect
+            if f(k) <= target:
+                lo = k
+            else:
+                hi = k
+    text, n = join(words[:lo]), f(lo)
+    attempts = 0
+    while n < target and attempts < 3 * len(FILLERS):
+        for filler in FILLERS:
+            attempts += 1
+            candidate = text + filler if text else filler.strip()  # no leading space at the very start
+            m = count(candidate)
+            if n < m <= target:
+                text, n = candidate, m
+                break
+        else:
+            break  # no filler fits the remaining gap
+    if not text:
+        raise DatasetError(
+            f"{target} token(s) is shorter than any word with the server's tokenizer (special tokens and chat "
+            "template included); ask for more tokens"
+        )
+    return text, n
+
+
+# --- the sources ---------------------------------------------------------------------------------------------
+class Source:
+    """One prompt source: `Source.parse(argument)`, then `check()` (no server), then `build(ctx)`."""
+
+    name: ClassVar[str]
+    takes: ClassVar[str] = ""  # what the argument after "name:" is, for messages; "" when it takes none
+    has_reference: ClassVar[bool] = False  # items carry reference output lengths
+
+    def __init__(self, argument: str) -> None:
+        self.argument = argument
+
+    @classmethod
+    def parse(cls, argument: str) -> Source:
+        return cls(argument)
+
+    @property
+    def spec(self) -> str:
+        return f"{self.name}:{self.argument}" if self.takes else self.name
+
+    def check(self) -> None:
+        """Validate what can be validated without a server; raises DatasetError."""
+
+    def build(self, ctx: BuildContext) -> list[Item]:
+        raise NotImplementedError
+
+
+def _positive_int(source: type[Source], argument: str) -> int:
+    try:
+        value = int(argument)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise DatasetError(
+            f"--dataset {source.name}:{argument}: {source.takes} must be a positive integer; "
+            f"use e.g. --dataset {source.name}:128"
+        )
+    return value
+
+
+class FixedSource(Source):
+    """--prompt, or every prompt of --prompt-file in turn: the behaviour before prompt sources existed."""
+
+    name = "fixed"
+
+    def check(self) -> None:
+        if self.argument:
+            raise DatasetError(f"--dataset fixed takes no argument (got {self.argument!r}); use --prompt-file")
+
+    def build(self, ctx: BuildContext) -> list[Item]:
+        from locustfiles.options import load_prompts
+
+        path = getattr(ctx.options, "prompt_file", "")
+        prompts = load_prompts(path) if path else [ctx.options.prompt]
+        return [Item(p) for p in prompts]
+
+
+class SyntheticSource(Source):
+    """--num-prompts distinct prompts of random common words, each exactly N prompt tokens by the server's
+    /tokenize (special tokens and, on the chat endpoint, the chat template included: usage.prompt_tokens == N)."""
+
+    name = "synthetic"
+    takes = "N (prompt tokens)"
+
+    def __init__(self, argument: str) -> None:
+        super().__init__(argument)
+        self.tokens = _positive_int(type(self), argument)
+
+    def build(self, ctx: BuildContext) -> list[Item]:
+        rng = random.Random(f"synthetic:{self.tokens}:{ctx.seed}")
+        items, misses = [], []
+        for _ in range(ctx.num_prompts):
+            if ctx.tokenizer is None:
+                # ~1 token per common word after a space in real tokenizers: the estimate the warning announces.
+                items.append(Item(_as_prompt(" ".join(rng.choices(WORDS, k=self.tokens)), ctx.endpoint)))
+                continue
+            words = rng.choices(WORDS, k=self.tokens + 8)
+            text, n = fit_words(words, self.tokens, _prompt_counter(ctx), more=lambda k: rng.choices(WORDS, k=k))
+            if n != self.tokens:
+                misses.append(n)
+            items.append(Item(_as_prompt(text, ctx.endpoint)))
+        if misses:
+            ctx.notes.append(
+                f"{len(misses)} of {len(items)} synthetic prompts could not be cut to exactly {self.tokens} tokens "
+                f"(shortest {min(misses)})"
+            )
+        return items
+
+
+class ShareGPTSource(Source):
+    """A ShareGPT JSON file: a list of {"conversations": [{"from": "human", "value": ...}, {"from": "gpt", ...}]}.
+    Each conversation's first human turn is a prompt; the gpt turn right after it is the reference answer, whose
+    token length becomes the item's reference output length. --num-prompts conversations are drawn (seeded)."""
+
+    name = "sharegpt"
+    takes = "PATH"
+    has_reference = True
+    HUMAN = ("human", "user")
+    GPT = ("gpt", "chatgpt", "assistant")
+    _cache: ClassVar[dict[tuple, list[tuple[str, str]]]] = {}
+
+    def __init__(self, argument: str) -> None:
+        super().__init__(argument)
+        if not argument:
+            raise DatasetError("--dataset sharegpt needs a file; use e.g. --dataset sharegpt:ShareGPT_V3.json")
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """(prompt, reference answer) of every usable conversation, parsed once per file version."""
+        path = self.argument
+        where = f"--dataset sharegpt:{path}"
+        try:
+            stat = os.stat(path)
+            key = (os.path.abspath(path), stat.st_mtime_ns, stat.st_size)
+            if key in self._cache:
+                return self._cache[key]
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except OSError as e:
+            raise DatasetError(f"{where}: {e.strerror}; pass a readable ShareGPT JSON file") from None
+        except ValueError as e:
+            raise DatasetError(f"{where} is not JSON ({e}); it must be a ShareGPT list of conversations") from None
+        if not isinstance(data, list):
+            raise DatasetError(f'{where} must be a JSON list of {{"conversations": [...]}} objects')
+        pairs = []
+        for entry in data:
+            turns = entry.get("conversations") if isinstance(entry, dict) else None
+            if not isinstance(turns, list):
+                continue
+            for i, turn in enumerate(turns[:-1]):
+                if _turn(turn, self.HUMAN):
+                    answer = turns[i + 1]
+                    if _turn(answer, self.GPT):
+                        pairs.append((turn["value"], answer["value"]))
+                    break  # only the first human turn of a conversation
+        if not pairs:
+            raise DatasetError(
+                f"{where} has no conversation with a human turn followed by a gpt turn "
+                '(expected [{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}]}])'
+            )
+        self._cache[key] = pairs
+        return pairs
+
+    def check(self) -> None:
+        self.pairs()
+
+    def build(self, ctx: BuildContext) -> list[Item]:
+        pairs = list(self.pairs())
+        random.Random(f"sharegpt:{ctx.seed}").shuffle(pairs)
+        tok = ctx.tokenizer
+        limit = tok.max_model_len if tok is not None else None
+        items, too_long = [], 0
+        for prompt, answer in pairs:
+            if len(items) == ctx.num_prompts:
+                break
+            item_prompt = _as_prompt(prompt, ctx.endpoint)
+            if tok is None:
+                reference = max(1, round(len(answer) / 4))  # ~4 characters per token in English text
+            else:
+                reference = max(1, tok.count(answer, special=False))
+                # A prompt and answer the server cannot hold would only fail with HTTP 400: skip it, as vLLM's
+                # own benchmark does, and say how many were skipped.
+                if limit is not None and tok.count(item_prompt) + reference > limit:
+                    too_long += 1
+                    continue
+            items.append(Item(item_prompt, reference_output_tokens=reference))
+        if too_long:
+            ctx.notes.append(
+                f"skipped {too_long} conversation(s) whose prompt plus reference answer exceed the server's "
+                f"max_model_len {limit}"
+            )
+        if not items:
+            raise DatasetError(
+                f"--dataset {self.spec}: no conversation fits the server's max_model_len {limit}; "
+                "use a server with a longer context or another file"
+            )
+        return items
+
+
+class SharedPrefixSource(Source):
+    """One system prompt of L tokens shared by every request (built from the seed), then a suffix unique to each
+    request (its request id and a question). With prefix caching the server computes the shared part once; the
+    report shows its prefix-cache hit rate. On the completions endpoint the prompt's first L tokens (special tokens
+    included) are the shared part; on the chat endpoint the system message's content is L tokens (the chat template
+    adds its own) and the suffix is the user message."""
+
+    name = "shared-prefix"
+    takes = "L (shared prefix tokens)"
+
+    def __init__(self, argument: str) -> None:
+        super().__init__(argument)
+        self.tokens = _positive_int(type(self), argument)
+
+    def build(self, ctx: BuildContext) -> list[Item]:
+        rng = random.Random(f"shared-prefix:{self.tokens}:{ctx.seed}")
+        chat = ctx.endpoint == "chat"
+        if ctx.tokenizer is None:
+            prefix = " ".join(rng.choices(WORDS, k=self.tokens))
+        else:
+            words = rng.choices(WORDS, k=self.tokens + 8)
+            tok = ctx.tokenizer
+            # A newline ends the prefix: byte-level and SentencePiece tokenizers do not merge across it, so the
+            # suffix cannot change the prefix's last token.
+            prefix, n = fit_words(
+                words,
+                self.tokens,
+                lambda text: tok.count(text if chat else text + "\n", special=not chat),
+                more=lambda k: rng.choices(WORDS, k=k),
+            )
+            if n != self.tokens:
+                ctx.notes.append(f"the shared prefix is {n} tokens, not {self.tokens}: no word fits the last gap")
+        items = []
+        for i in range(max(1, ctx.num_prompts)):
+            suffix = f"Request {REQUEST_ID_PLACEHOLDER}. {QUESTIONS[i % len(QUESTIONS)]}"
+            if chat:
+                prompt: str | list[dict] = [
+                    {"role": "system", "content": prefix},
+                    {"role": "user", "content": suffix},
+                ]
+            else:
+                prompt = f"{prefix}\n{suffix}"
+            items.append(Item(prompt, per_request=True))
+        return items
+
+
+SOURCES: dict[str, type[Source]] = {
+    s.name: s for s in (FixedSource, SyntheticSource, ShareGPTSource, SharedPrefixSource)
+}
+
+
+def _turn(turn: object, roles: tuple[str, ...]) -> bool:
+    return (
+        isinstance(turn, dict)
+        and turn.get("from") in roles
+        and isinstance(turn.get("value"), str)
+        and bool(turn["value"])
+    )
+
+
+def _as_prompt(text: str, endpoint: str) -> str | list[dict]:
+    """Text as sent: the chat endpoint gets one user message (as --prompt always did)."""
+    return [{"role": "user", "content": text}] if endpoint == "chat" else text
+
+
+def _prompt_counter(ctx: BuildContext) -> Callable[[str], int]:
+    tok = ctx.tokenizer
+    assert tok is not None
+    if ctx.endpoint == "chat":
+        return lambda text: tok.count([{"role": "user", "content": text}])
+    return tok.count
+
+
+def parse_dataset(spec: str) -> Source:
+    """'synthetic:128' -> a SyntheticSource; raises DatasetError with a one-line fix."""
+    spec = (spec or "fixed").strip()
+    name, _, argument = spec.partition(":")
+    source = SOURCES.get(name.strip().lower())
+    if source is None:
+        raise DatasetError(
+            f"--dataset {spec!r} is not a prompt source; use one of fixed, synthetic:N, sharegpt:PATH, shared-prefix:L"
+        )
+    if source.takes and not argument:
+        raise DatasetError(f"--dataset {name} needs {source.takes}; use e.g. --dataset {name}:128")
+    return source.parse(argument)
+
+
+def build_dataset(spec: str, options, host: str, model: str, api_key: str | None = None) -> Dataset:
+    """The items of --dataset for this run, built the same way in every process (seeded)."""
+    source = parse_dataset(spec)
+    source.check()
+    ctx = BuildContext(
+        endpoint=options.endpoint,
+        seed=int(getattr(options, "seed", 0) or 0),
+        num_prompts=int(getattr(options, "num_prompts", 100) or 100),
+        options=options,
+    )
+    info: dict = {"spec": source.spec, "tokenizer": None}
+    tokenizer = None
+    if not isinstance(source, FixedSource):
+        tokenizer = Tokenizer(host, model, api_key, timeout=min(60.0, float(options.read_timeout)))
+        why = tokenizer.probe()
+        if why is None:
+            ctx.tokenizer = tokenizer
+            info["tokenizer"] = "/tokenize"
+        else:
+            tokenizer.close()
+            tokenizer = None
+            info["tokenizer"] = f"none ({why}): token lengths are estimates"
+            logger.warning(
+                "--dataset %s: the server has no usable /tokenize (%s); token lengths are approximate (one common "
+                "word per token, 4 characters per token for reference answers); records keep the server's "
+                "prompt_tokens",
+                source.spec,
+                why,
+            )
+    try:
+        items = source.build(ctx)
+    except DatasetError as e:
+        if str(e).startswith("--dataset"):
+            raise
+        raise DatasetError(f"--dataset {source.spec}: {e}") from None
+    finally:
+        if tokenizer is not None:
+            info["tokenize_calls"] = tokenizer.calls
+            tokenizer.close()
+    info["items"] = len(items)
+    if ctx.notes:
+        info["notes"] = ctx.notes
+        for note in ctx.notes:
+            logger.warning("--dataset %s: %s", source.spec, note)
+    return Dataset(source.spec, items, info)
+
+
+# --- max_tokens per request ----------------------------------------------------------------------------------
+class MaxTokens:
+    """Each request's max_tokens: `fixed` (--max-tokens), `reference` (the item's reference output length, else
+    --max-tokens), `uniform:LOW:HIGH` (integers, both included) or `normal:MEAN:SD` (rounded, at least 1)."""
+
+    def __init__(self, kind: str, default: int, low: float = 0, high: float = 0) -> None:
+        self.kind, self.default, self.low, self.high = kind, default, low, high
+
+    @property
+    def varies(self) -> bool:
+        """Whether two requests for the same item may get different values (bodies are then made per request)."""
+        return self.kind in ("uniform", "normal")
+
+    def draw(self, rng: random.Random, item: Item) -> int:
+        if self.kind == "uniform":
+            return rng.randint(int(self.low), int(self.high))
+        if self.kind == "normal":
+            return max(1, round(rng.gauss(self.low, self.high)))
+        if self.kind == "reference" and item.reference_output_tokens:
+            return item.reference_output_tokens
+        return self.default
+
+
+def parse_max_tokens(text: str, max_tokens: int, source: Source | None = None) -> MaxTokens:
+    """--max-tokens-dist: '' (auto: `reference` for a source with reference lengths, else `fixed`), 'fixed',
+    'reference', 'uniform:64:512', 'normal:256:64'; raises DatasetError with a one-line fix."""
+    text = (text or "").strip().lower()
+    if not text:
+        text = "reference" if source is not None and source.has_reference else "fixed"
+    kind, _, rest = text.partition(":")
+    example = "use e.g. --max-tokens-dist uniform:64:512 or normal:256:64"
+    if kind in ("fixed", "reference") and not rest:
+        return MaxTokens(kind, max_tokens)
+    if kind not in ("uniform", "normal"):
+        raise DatasetError(f"--max-tokens-dist {text!r} is not a distribution; {example}")
+    try:
+        a, b = (float(x) for x in rest.split(":"))
+    except ValueError:
+        raise DatasetError(f"--max-tokens-dist {text!r} needs two numbers after {kind}:; {example}") from None
+    if kind == "uniform" and not (1 <= a <= b and a == int(a) and b == int(b)):
+        raise DatasetError(f"--max-tokens-dist {text!r} needs integers 1 <= LOW <= HIGH; {example}")
+    if kind == "normal" and not (a >= 1 and b >= 0 and math.isfinite(a) and math.isfinite(b)):
+        raise DatasetError(f"--max-tokens-dist {text!r} needs MEAN >= 1 and SD >= 0; {example}")
+    return MaxTokens(kind, max_tokens, a, b)

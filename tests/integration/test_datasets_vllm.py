@@ -1,0 +1,63 @@
+"""A shared-prefix workload against the real vLLM (prefix caching on, as the embedded server sets it): the
+server's own counters show prefix-cache hits, in steps.csv and in the report.
+
+Select with `-m vllm`. The server starts once per session (tests/conftest.py)."""
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.vllm
+
+PREFIX_TOKENS = 256  # 8 full blocks of 32 tokens: cacheable; with the suffix and 32 output tokens it fits 512
+
+
+def test_a_shared_prefix_run_hits_the_prefix_cache(vllm_server, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            str(ROOT / "locustfiles" / "vllm_streaming.py"),
+            "--headless",
+            "--host",
+            vllm_server.url,
+            "--dataset",
+            f"shared-prefix:{PREFIX_TOKENS}",
+            "--steps",
+            "4",
+            "--step-duration",
+            "20s",
+            "--step-warmup",
+            "5s",
+            "--max-tokens",
+            "32",
+            "--ignore-eos",
+            "--stop-timeout",
+            "60",
+            "--run-dir",
+            str(run_dir),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    print(proc.stdout[-3000:])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = pd.read_csv(run_dir / "steps.csv")
+    assert steps["prefix_cache_hit_rate"].iloc[0] > 0, steps.to_dict("records")
+    records = pd.read_parquet(run_dir / "requests.parquet")
+    ok = records[records["status"] == "ok"]
+    assert len(ok) > 4 and (ok["dataset"] == f"shared-prefix:{PREFIX_TOKENS}").all()
+    assert (ok["prompt_tokens"] > PREFIX_TOKENS).all() and (ok["max_tokens"] == 32).all()
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["dataset"]["tokenizer"] == "/tokenize" and run["options"]["dataset"] == f"shared-prefix:{PREFIX_TOKENS}"
+    assert "Prefix-cache hit rate" in (run_dir / "report.html").read_text()
