@@ -50,6 +50,9 @@ class RequestRecord:
     finish_reason: str | None = None
     chunk_offsets_s: list[float] = field(default_factory=list)
     chunk_tokens: list[int] = field(default_factory=list)
+    # Open-loop runs (--rates) only; None in a closed loop. Last, so the columns of earlier versions keep their place.
+    intended_start_time: float | None = None
+    schedule_lag_s: float | None = None
 
 
 SCHEMA = pa.schema(
@@ -77,6 +80,8 @@ SCHEMA = pa.schema(
         ("finish_reason", pa.string()),
         ("chunk_offsets_s", pa.list_(pa.float64())),
         ("chunk_tokens", pa.list_(pa.int32())),
+        ("intended_start_time", pa.float64()),
+        ("schedule_lag_s", pa.float64()),
     ]
 )
 assert [f.name for f in fields(RequestRecord)] == SCHEMA.names, "RequestRecord and SCHEMA must list the same columns"

@@ -77,6 +77,11 @@ def test_an_unwritable_run_directory(fake_server, tmp_path):
         (["--max-tokens", "0"], "--max-tokens"),
         (["--max-tokens", "many"], "--max-tokens"),
         (["--read-timeout", "-1"], "--read-timeout"),
+        (["--rates", "0"], "--rates"),
+        (["--rates", "1,fast"], "--rates"),
+        (["--rates", "1,2", "--steps", "4"], "are alternatives"),
+        (["--rates", "1", "--max-users", "0"], "--max-users"),
+        (["--rates", "1", "--arrival", "bursty"], "--arrival"),
     ],
 )
 def test_invalid_values(fake_server, tmp_path, args, expected):
