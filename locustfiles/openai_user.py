@@ -143,6 +143,10 @@ class OpenAIStreamingUser(User):
         self._ids = map(f"{secrets.token_hex(10)}{{:012x}}".format, itertools.count())
 
     def on_stop(self) -> None:
+        slot = getattr(self, "_slot", None)
+        if slot is not None:  # stopped between taking its send time and sending: another user sends it
+            self._slot = None
+            self.run.tracker.plan.give_back(slot)
         http = getattr(self, "http", None)
         if http is not None:
             http.close()

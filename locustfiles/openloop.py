@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Iterator
 
 from gevent.event import Event
+from gevent.lock import Semaphore
 
 from analysis.schedule import arrival_times
 
@@ -78,11 +79,17 @@ class OpenLoopPlan:
 
     def __init__(self) -> None:
         self._segments: deque[Segment] = deque()
-        self.changed = Event()  # set (and replaced) whenever a step begins: wakes users waiting on a future time
+        self._returned: deque[Slot] = deque()  # slots of users stopped before sending them: taken again first
+        self.changed = Event()  # set (and replaced) whenever a step begins: wakes the user waiting on a future time
         self.taken = 0
+        # Only one free user at a time holds the next time and waits for it; the other free users queue here
+        # without a timer each. With 1000 users each holding a time, a step change woke all of them at once:
+        # the event loop stalled 118 ms (generator lag max) and that step's TTFT p99 read 101 ms for 24 ms.
+        self._turn = Semaphore()
 
     def reset(self) -> None:
         self._segments.clear()
+        self._returned.clear()
         self.taken = 0
         self._notify()
 
@@ -108,6 +115,11 @@ class OpenLoopPlan:
 
     def take(self) -> Slot | None:
         """The next intended send (possibly already past: then it is late); None before the first rate step."""
+        returned = self._returned
+        while returned:
+            slot = returned.popleft()
+            if slot.valid():
+                return slot
         segments = self._segments
         while segments:
             segment = segments[0]
@@ -124,13 +136,19 @@ class OpenLoopPlan:
         """Intended sends that were due by `now` (and before their step's end) and not taken; counted by consuming
         them, so only at the end of a run."""
         now = time.perf_counter() if now is None else now
-        count = 0
+        count = sum(1 for slot in self._returned if slot.valid() and slot.intended < now)
+        self._returned.clear()
         for segment in self._segments:
             limit = min(now, segment.end)
             while segment.upcoming < limit:
                 count += 1
                 segment.upcoming = segment.start + next(segment.times)
         return count
+
+    def give_back(self, slot: Slot) -> None:
+        """A user stopped (Locust can stop users mid-run) before sending its slot: the next free user sends it."""
+        self._returned.append(slot)
+        self._notify()
 
     def wait(self, slot: Slot) -> bool:
         """Sleep until the slot's intended time; False when its step ended meanwhile (take another slot)."""
@@ -143,14 +161,21 @@ class OpenLoopPlan:
                 return False
 
     def next_slot(self) -> Slot:
-        """Block until a slot's time has come (waiting for the first rate step if needed); return it."""
-        while True:
-            slot = self.take()
-            if slot is None:
-                self.changed.wait()
-                continue
-            if self.wait(slot):
-                return slot
+        """Block until a slot's time has come (waiting for the first rate step if needed); return it. The next
+        free user takes the following slot as soon as this one returns, so a late slot is sent by whichever user
+        becomes free first."""
+        with self._turn:
+            while True:
+                slot = self.take()
+                if slot is None:
+                    self.changed.wait()
+                    continue
+                try:
+                    if self.wait(slot):
+                        return slot
+                except BaseException:  # GreenletExit: this user is stopped; the slot is not lost
+                    self.give_back(slot)
+                    raise
 
     def finish(self, now: float | None = None) -> None:
         """The run is stopping: the last step ends now (users waiting for a later time are stopped)."""

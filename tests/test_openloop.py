@@ -263,3 +263,18 @@ def test_a_cpu_bound_load_generator_is_named_as_the_cause_of_the_lag():
     table["generator_cpu_max"] = [0.3, 0.05]  # bound by event-loop lag only: milliseconds, not a backlog
     line = next(t for t in diagnose(table).text if "offered load not delivered" in t)
     assert "coordinated omission" in line and "--max-users" in line
+
+
+def test_a_stopped_user_gives_its_slot_back():
+    import gevent
+
+    plan = OpenLoopPlan()
+    plan.begin(0, 2, 1.0, 0.0, "constant", 0)
+    plan.next_slot()  # t = 0: sent
+    user = gevent.spawn(plan.next_slot)  # waits for t = 1 s
+    gevent.sleep(0.01)
+    user.kill()  # Locust stops a waiting user at once
+    slot = plan.take()
+    assert slot.intended == pytest.approx(plan._segments[0].start + 1.0)  # the same time, for the next free user
+    plan.give_back(slot)  # stopped again, between taking it and sending it (the user's on_stop)
+    assert plan.take() is slot

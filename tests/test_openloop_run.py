@@ -99,14 +99,15 @@ def test_poisson_times_follow_the_seeded_schedule(fake_server, tmp_path):
 
 def test_two_processes_split_the_rate_and_interleave_their_schedules(fake_server, tmp_path):
     server = fake_server("--ttft-ms", "10", "--itl-ms", "1")
-    _, records, steps, _ = run(
+    proc, records, steps, _ = run(
         server, tmp_path / "r", "--rates", "10", "--arrival", "constant", "--max-users", "8", "--processes", "2",
         "--step-duration", "4s", "--step-warmup", "1s", "--stop-timeout", "5",
     )  # fmt: skip
     assert records["worker"].nunique() == 2
     for _, own in records.groupby("worker"):  # each worker: every 0.2 s, its half of 10 req/s
         intended = np.sort(own["intended_start_time"].to_numpy())
-        assert np.diff(intended) == pytest.approx(np.full(len(intended) - 1, 0.2), abs=1e-6)
+        gaps = np.diff(intended)
+        assert gaps == pytest.approx(np.full(len(intended) - 1, 0.2), abs=1e-6), (gaps, proc.stderr[-3000:])
     # Together: the whole rate (each worker's step starts when the master's message arrives: not phase-exact).
     assert steps.loc[0, "rate_rps"] == 10.0
     assert steps.loc[0, "achieved_rps"] == pytest.approx(10.0, rel=0.25)
