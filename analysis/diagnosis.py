@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
+from analysis import schedule
 from analysis.generator import advice, flagged, reasons
 
 KNEE_GAIN = 0.10  # a doubling of users that adds less aggregate tok/s than this is past the knee
@@ -27,6 +28,7 @@ LOAD_GENERATOR = "the load generator"
 class Diagnosis:
     knee_step: int | None = None
     knee_users: int | None = None
+    knee_rate_rps: float | None = None  # rate runs (--rates): the knee's intended requests/s
     binding: dict[int, str] = field(default_factory=dict)  # step -> resource, for the steps at and after the knee
     text: list[str] = field(default_factory=list)
 
@@ -36,8 +38,8 @@ class Diagnosis:
         return d
 
 
-def gain_per_doubling(tok_s_before: float, tok_s_after: float, users_before: int, users_after: int) -> float:
-    """Gain per doubling = (after / before) ** (1 / log2(users_after / users_before)) - 1."""
+def gain_per_doubling(tok_s_before: float, tok_s_after: float, users_before: float, users_after: float) -> float:
+    """Gain per doubling = (after / before) ** (1 / log2(users_after / users_before)) - 1 (users, or the rate)."""
     if not (tok_s_before > 0) or not (tok_s_after >= 0) or users_after <= users_before:
         return math.nan
     return (tok_s_after / tok_s_before) ** (1 / math.log2(users_after / users_before)) - 1
@@ -63,46 +65,60 @@ def binding_resource(row: pd.Series) -> str:
     return COMPUTE
 
 
+def _load(row: pd.Series) -> str:
+    """A step's load in words: '16 users', or '4 req/s' for a rate step."""
+    rate = row.get("rate_rps")
+    if rate is not None and not pd.isna(rate):
+        return schedule.rate_label(float(rate))
+    return f"{int(row['users'])} users"
+
+
 def _binding_line(row: pd.Series, resource: str) -> str:
-    users = int(row["users"])
+    users = _load(row)
     if resource == LOAD_GENERATOR:
         return (
-            f"At {users} users the load generator binds ({reasons(row)}): the client could not keep up, so this "
+            f"At {users} the load generator binds ({reasons(row)}): the client could not keep up, so this "
             f"step's latencies read high and its throughput low; {advice(row)}."
         )
     if resource == KV_CACHE:
         return (
-            f"At {users} users the KV cache binds: usage peaked at {row['kv_cache_usage_max']:.0%}, "
+            f"At {users} the KV cache binds: usage peaked at {row['kv_cache_usage_max']:.0%}, "
             f"up to {_count(row.get('waiting_max'))} requests waited and {_count(row.get('preemptions'))} were "
             "preempted."
         )
     if resource == BATCH_SLOTS:
         return (
-            f"At {users} users requests wait (up to {_count(row['waiting_max'])}) while the KV cache "
+            f"At {users} requests wait (up to {_count(row['waiting_max'])}) while the KV cache "
             f"has room (peak {row['kv_cache_usage_max']:.0%}): the batch-size limit binds."
         )
     if resource == COMPUTE:
         return (
-            f"At {users} users compute binds: throughput is flat while the KV cache has room "
+            f"At {users} compute binds: throughput is flat while the KV cache has room "
             f"(peak {row['kv_cache_usage_max']:.0%}) and nothing waits."
         )
-    return f"At {users} users the binding resource is unknown: no server metrics."
+    return f"At {users} the binding resource is unknown: no server metrics."
 
 
 def diagnose(table: pd.DataFrame) -> Diagnosis:
-    """The knee: the first step after which doubling users adds under 10 % aggregate tok/s; the binding resource
-    of every step from the knee on, and of every generator-bound step (before the knee, or without one)."""
+    """The knee: the first step after which doubling users (the rate, in a --rates run) adds under 10 % aggregate
+    tok/s; the binding resource of every step from the knee on, and of every generator-bound step (before the knee,
+    or without one); then every step of a rate run that fell behind its schedule."""
     d = Diagnosis()
-    rows = table.sort_values("users").reset_index(drop=True)
+    rates = schedule.is_rate_run(table)
+    # A rate run holds the same pool of users at every step: its load is the rate, so the knee is keyed on it.
+    key, unit = ("rate_rps", "the rate") if rates else ("users", "users")
+    rows = table.sort_values(key).reset_index(drop=True)
     for i in range(len(rows) - 1):
         a, b = rows.iloc[i], rows.iloc[i + 1]
-        gain = gain_per_doubling(a["aggregate_tok_s"], b["aggregate_tok_s"], a["users"], b["users"])
+        gain = gain_per_doubling(a["aggregate_tok_s"], b["aggregate_tok_s"], a[key], b[key])
         if not pd.isna(gain) and gain < KNEE_GAIN:
             d.knee_step, d.knee_users = int(a["step"]), int(a["users"])
+            if rates:
+                d.knee_rate_rps = float(a["rate_rps"])
             d.text.append(
-                f"Aggregate throughput flattens at {d.knee_users} users: going to {int(b['users'])} users changed it "
+                f"Aggregate throughput flattens at {_load(a)}: going to {_load(b)} changed it "
                 f"from {a['aggregate_tok_s']:.0f} to {b['aggregate_tok_s']:.0f} tok/s ({gain * 100:+.0f} % per "
-                "doubling of users)."
+                f"doubling of {unit})."
             )
             break
     if d.knee_step is None and len(rows) >= 2:
@@ -110,13 +126,17 @@ def diagnose(table: pd.DataFrame) -> Diagnosis:
             room = "whether the server still had room at the highest step is unknown: the load generator bound there"
         else:
             room = "the server still had room at the highest step"
-        d.text.append(f"No knee: every doubling of users added at least 10 % aggregate tok/s; {room}.")
+        d.text.append(f"No knee: every doubling of {unit} added at least 10 % aggregate tok/s; {room}.")
+    knee = None if d.knee_step is None else rows.loc[rows["step"] == d.knee_step, key].iloc[0]
     for _, row in rows.iterrows():
-        past_knee = d.knee_users is not None and row["users"] >= d.knee_users
+        past_knee = knee is not None and row[key] >= knee
         if past_knee or flagged(row.get("generator_bound")):
             resource = binding_resource(row)
             d.binding[int(row["step"])] = resource
             d.text.append(_binding_line(row, resource))
+    for _, row in rows.iterrows():
+        if schedule.flagged(row.get("schedule_behind")):
+            d.text.append(schedule.behind_line(row))
     return d
 
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from analysis.generator import CPU_BOUND, LAG_BOUND_S, PROBE_INTERVAL_S
+from analysis.schedule import LAG_CEILING_S, LAG_FLOOR_S, LAG_SHARE
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,51 @@ _METRICS += [
     ),
 ]
 
+# Open-loop runs (--rates): each request's intended send time, and the latencies counted from it.
+_METRICS += [
+    Metric(
+        "rate_rps",
+        "requests/s",
+        "Intended request rate of a rate step (--rates), all load processes together; none for a user step.",
+    ),
+    Metric(
+        "achieved_rps",
+        "requests/s",
+        "Requests sent in a step's measured window (send stamp inside it, any outcome) / window length.",
+    ),
+    Metric(
+        "intended_start_time",
+        "s",
+        "Open loop: the Unix time at which the step's arrival schedule meant the request to be sent; none in a "
+        "closed loop.",
+    ),
+    Metric(
+        "schedule_lag_s",
+        "s",
+        "start_time - intended_start_time: how late the request was sent (no free user, a late event loop, the "
+        "connect); none in a closed loop. Per step, schedule_lag_p50_s, schedule_lag_p99_s and schedule_lag_max_s "
+        "over the step's requests sent after its warm-up, whatever their outcome.",
+    ),
+    Metric(
+        "ttft_intended",
+        "s",
+        "ttft_s + schedule_lag_s: TTFT counted from the intended send time, what a user arriving on schedule "
+        "waits; per step ttft_intended_p50_s, ttft_intended_p95_s, ttft_intended_p99_s and ttft_intended_mean_s "
+        "over the ok requests.",
+    ),
+    Metric(
+        "e2e_intended",
+        "s",
+        "e2e_s + schedule_lag_s: E2E counted from the intended send time; per step e2e_intended_mean_s.",
+    ),
+    Metric(
+        "schedule_behind",
+        "bool",
+        f"schedule_lag_p99_s > min({LAG_CEILING_S}, max({LAG_FLOOR_S}, {LAG_SHARE} / rate_rps)): the client did not "
+        "keep the schedule, so the server was offered less than the intended load, later; empty in a closed loop.",
+    ),
+]
+
 GLOSSARY: dict[str, Metric] = {m.name: m for m in _METRICS}
 
 
@@ -226,3 +272,17 @@ def aggregate_tok_s(output_tokens_in_window: int, window_s: float) -> float | No
     if window_s is None or not math.isfinite(window_s) or window_s <= 0:
         return None
     return output_tokens_in_window / window_s
+
+
+def schedule_lag_s(start_time: float, intended_start_time: float | None) -> float | None:
+    """Schedule lag = start_time - intended_start_time; None in a closed loop (no intended time)."""
+    if intended_start_time is None:
+        return None
+    return start_time - intended_start_time
+
+
+def intended_s(latency_s: float | None, lag_s: float | None) -> float | None:
+    """Latency from the intended send time = latency_s + schedule_lag_s; None when either is missing."""
+    if latency_s is None or lag_s is None:
+        return None
+    return latency_s + lag_s

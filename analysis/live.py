@@ -27,6 +27,8 @@ FIELDS = (
     "e2e_s",
     "tpot_s",
     "output_tokens",
+    "intended_start_time",
+    "schedule_lag_s",
 )
 
 
@@ -59,7 +61,7 @@ class LiveRecords:
 
     def frame(self) -> pd.DataFrame:
         df = pd.DataFrame(self._columns, columns=list(FIELDS))
-        for col in ("ttft_s", "e2e_s", "tpot_s", "duration_s", "start_time"):
+        for col in ("ttft_s", "e2e_s", "tpot_s", "duration_s", "start_time", "intended_start_time", "schedule_lag_s"):
             df[col] = pd.to_numeric(df[col], errors="coerce")
         return df
 

@@ -54,6 +54,9 @@ class RequestRecord:
     dataset: str | None = None  # the --dataset spec the prompt came from, e.g. "synthetic:128"
     max_tokens: int | None = None  # the max_tokens this request asked for (--max-tokens or --max-tokens-dist)
     reference_output_tokens: int | None = None  # the dataset's own answer length (sharegpt), else missing
+    # Open-loop runs (--rates) only; None in a closed loop. Last, so the columns of earlier versions keep their place.
+    intended_start_time: float | None = None
+    schedule_lag_s: float | None = None
 
 
 SCHEMA = pa.schema(
@@ -84,6 +87,8 @@ SCHEMA = pa.schema(
         ("dataset", pa.string()),
         ("max_tokens", pa.int64()),
         ("reference_output_tokens", pa.int64()),
+        ("intended_start_time", pa.float64()),
+        ("schedule_lag_s", pa.float64()),
     ]
 )
 assert [f.name for f in fields(RequestRecord)] == SCHEMA.names, "RequestRecord and SCHEMA must list the same columns"

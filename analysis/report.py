@@ -24,6 +24,8 @@ from analysis.glossary import GLOSSARY
 from analysis.integrity import integrity
 from analysis.records import REQUEST_COLUMNS, load_records
 from analysis.run import STEPS_FILE, efficiency_ceiling, read_run, slo_gate, write_summary_md
+from analysis.schedule import flagged as schedule_flagged
+from analysis.schedule import is_rate_run
 from analysis.server_metrics import KV_CACHE, RUNNING, WAITING, ServerSeries, load_metrics, server_info
 from analysis.sse import CUT_OFF
 
@@ -83,16 +85,25 @@ def summary(run_dir: Path, table: pd.DataFrame, records: pd.DataFrame) -> dict:
     }
 
 
+AXIS_TITLES = {"users": "users", "rate_rps": "requests/s (intended)"}
+
+
+def _load_axis(tables: dict[str, pd.DataFrame]) -> str:
+    """The x axis of the curves: the rate when every run compared is a rate run (--rates), else users."""
+    return "rate_rps" if all(is_rate_run(t) for t in tables.values()) else "users"
+
+
 def _batching_curve(tables: dict[str, pd.DataFrame]) -> go.Figure:
     fig = make_subplots(specs=[[{"secondary_y": True}]])
+    x = _load_axis(tables)
     for name, t in tables.items():
         fig.add_trace(
-            go.Scatter(x=t["users"], y=t["aggregate_tok_s"], name=f"{name} aggregate tok/s", mode="lines+markers"),
+            go.Scatter(x=t[x], y=t["aggregate_tok_s"], name=f"{name} aggregate tok/s", mode="lines+markers"),
             secondary_y=False,
         )
         fig.add_trace(
             go.Scatter(
-                x=t["users"],
+                x=t[x],
                 y=t["per_request_tok_s_mean"],
                 name=f"{name} per-request tok/s",
                 mode="lines+markers",
@@ -100,7 +111,7 @@ def _batching_curve(tables: dict[str, pd.DataFrame]) -> go.Figure:
             ),
             secondary_y=True,
         )
-    fig.update_xaxes(type="log", title="users", dtick=np.log10(2))
+    fig.update_xaxes(type="log", title=AXIS_TITLES[x], dtick=np.log10(2))
     fig.update_yaxes(title_text="aggregate tok/s", secondary_y=False, rangemode="tozero")
     fig.update_yaxes(title_text="per-request tok/s", secondary_y=True, rangemode="tozero")
     fig.update_layout(title="Batching curve", height=420)
@@ -109,12 +120,13 @@ def _batching_curve(tables: dict[str, pd.DataFrame]) -> go.Figure:
 
 def _latencies(tables: dict[str, pd.DataFrame]) -> go.Figure:
     fig = make_subplots(rows=1, cols=3, subplot_titles=("TTFT (ms)", "TPOT (ms)", "ITL (ms)"))
+    x = _load_axis(tables)
     for name, t in tables.items():
         for col, metric, qs in ((1, "ttft", (50, 95, 99)), (2, "tpot", (50, 95, 99)), (3, "itl", (50, 99))):
             for q in qs:
                 fig.add_trace(
                     go.Scatter(
-                        x=t["users"],
+                        x=t[x],
                         y=t[f"{metric}_p{q}_s"] * 1000,
                         mode="lines+markers",
                         name=f"{name} {metric.upper()} p{q}",
@@ -125,7 +137,7 @@ def _latencies(tables: dict[str, pd.DataFrame]) -> go.Figure:
         if "server_ttft_mean_s" in t.columns and t["server_ttft_mean_s"].notna().any():
             fig.add_trace(
                 go.Scatter(
-                    x=t["users"],
+                    x=t[x],
                     y=t["server_ttft_mean_s"] * 1000,
                     mode="lines+markers",
                     line={"dash": "dash"},
@@ -134,9 +146,24 @@ def _latencies(tables: dict[str, pd.DataFrame]) -> go.Figure:
                 row=1,
                 col=1,
             )
-    fig.update_xaxes(type="log", title="users", dtick=np.log10(2))
+        if is_rate_run(t):
+            # Open loop: TTFT from the intended send time next to TTFT from the actual one; the gap is the
+            # schedule lag, the queueing a closed loop would hide.
+            for q in (50, 99):
+                fig.add_trace(
+                    go.Scatter(
+                        x=t[x],
+                        y=t[f"ttft_intended_p{q}_s"] * 1000,
+                        mode="lines+markers",
+                        line={"dash": "dashdot"},
+                        name=f"{name} TTFT p{q} from the intended send time",
+                    ),
+                    row=1,
+                    col=1,
+                )
+    fig.update_xaxes(type="log", title=AXIS_TITLES[x], dtick=np.log10(2))
     fig.update_yaxes(rangemode="tozero")
-    fig.update_layout(title="Latency percentiles against users", height=420)
+    fig.update_layout(title=f"Latency percentiles against {AXIS_TITLES[x]}", height=420)
     return fig
 
 
@@ -375,11 +402,15 @@ def _table_html(table: pd.DataFrame) -> str:
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
     rows = []
     bound = table["generator_bound"].map(flagged) if "generator_bound" in table.columns else [False] * len(table)
-    for r, is_bound in zip(table.itertuples(index=False), bound):
+    behind = (
+        table["schedule_behind"].map(schedule_flagged) if "schedule_behind" in table.columns else [False] * len(table)
+    )
+    for r, is_bound, is_behind in zip(table.itertuples(index=False), bound, behind):
         cells = "".join(
             f"<td>{'' if pd.isna(v) else html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}</td>" for v in r
         )
-        style = " style='background:#fdd' title='generator-bound'" if is_bound else ""
+        why = [w for w, on in (("generator-bound", is_bound), ("behind schedule", is_behind)) if on]
+        style = f" style='background:#fdd' title='{', '.join(why)}'" if why else ""
         rows.append(f"<tr{style}>{cells}</tr>")
     # ~40 columns: the table scrolls inside its own box instead of widening the page past the charts.
     return (

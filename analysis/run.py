@@ -11,6 +11,7 @@ import pandas as pd
 
 from analysis.generator import merge_generator, step_generator_table
 from analysis.records import REQUESTS_FILE, merge_records
+from analysis.schedule import OPEN_LOOP_COLUMNS
 from analysis.server_metrics import SCRAPES_FILE, load_metrics, merge_scrapes, step_server_table
 from analysis.sse import CUT_OFF
 from analysis.steps import step_table, timeline_from_records
@@ -42,7 +43,7 @@ def compute_table(
     generator: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """The step table joined with the server's series and the load generator's self-checks in each step's window
-    (the self-check columns are always there: empty for a step without samples)."""
+    (the self-check columns are always there: empty for a step without samples), then the open-loop columns."""
     table = step_table(records, timeline)
     if metrics is not None:
         models = records["model"].dropna().unique() if "model" in records.columns else []
@@ -51,7 +52,9 @@ def compute_table(
         table = table.merge(server, on="step", how="left")
     if not timeline:
         timeline = timeline_from_records(records)
-    return table.merge(step_generator_table(generator, timeline), on="step", how="left")
+    table = table.merge(step_generator_table(generator, timeline), on="step", how="left")
+    # The open-loop columns come last, after every column of earlier versions: steps.csv only gains columns.
+    return table[[c for c in table.columns if c not in OPEN_LOOP_COLUMNS] + OPEN_LOOP_COLUMNS]
 
 
 def finalize(run_dir: Path) -> pd.DataFrame:

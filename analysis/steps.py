@@ -14,6 +14,7 @@ import pandas as pd
 
 from analysis import glossary
 from analysis.generator import flagged, format_generator
+from analysis.schedule import OPEN_LOOP_COLUMNS, format_open_loop, open_loop_columns
 from analysis.sse import CUT_OFF
 
 # Column order of steps.csv; metric parts of the names come from the glossary.
@@ -69,6 +70,7 @@ def timeline_from_records(records: pd.DataFrame) -> list[dict]:
                 "start_time": start,
                 "measure_start": start,
                 "end_time": float(end[group.index].max()),
+                "rate_rps": None,  # not in the records: a rate run's intended rate is in its run.json only
             }
         )
     return out
@@ -136,7 +138,8 @@ def _split(records: pd.DataFrame, timeline: list[dict]) -> tuple[pd.Series, pd.S
 
 
 def step_table(records: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
-    """Per-step table: latency stats over ok requests started after the step's warm-up; tok/s over its window."""
+    """Per-step table: latency stats over ok requests started after the step's warm-up; tok/s over its window;
+    then the open-loop columns (empty in a closed-loop run, but achieved_rps)."""
     if not timeline:
         timeline = timeline_from_records(records)
     end_time = records["start_time"] + records["e2e_s"]
@@ -152,8 +155,11 @@ def step_table(records: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
         tokens = int(records.loc[done, "output_tokens"].sum())
         row = {"step": s, "users": int(step["users"])}
         row.update(_summarize(ok, errors, int((in_step & cut).sum()), tokens, window_end - window_start))
+        sent_in_window = int(((records["start_time"] >= window_start) & (records["start_time"] < window_end)).sum())
+        sent = records.loc[in_step, [c for c in ("schedule_lag_s",) if c in records.columns]]
+        row.update(open_loop_columns(sent, ok, sent_in_window, window_end - window_start, step.get("rate_rps")))
         rows.append(row)
-    return pd.DataFrame(rows, columns=STEP_COLUMNS)
+    return pd.DataFrame(rows, columns=STEP_COLUMNS + OPEN_LOOP_COLUMNS)
 
 
 def run_row(records: pd.DataFrame, timeline: list[dict]) -> dict:
@@ -267,4 +273,5 @@ def format_table(table: pd.DataFrame) -> str:
         w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
         out += ["  ".join(c.rjust(x) for c, x in zip(cells, w)) for cells in [head, *rows]]
     out += format_generator(table)
+    out += format_open_loop(table)
     return "\n".join(out)

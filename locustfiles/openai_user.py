@@ -20,7 +20,7 @@ import orjson
 from gevent import GreenletExit
 from geventhttpclient.response import HTTPParseError
 from geventhttpclient.url import URL
-from locust import User, constant, task
+from locust import User, task
 
 from analysis import glossary
 from analysis.records import RequestRecord
@@ -36,6 +36,7 @@ from analysis.sse import (
 )
 from locustfiles import datasets
 from locustfiles import options as options_mod
+from locustfiles.openloop import Slot
 from locustfiles.options import ENDPOINTS
 from locustfiles.stream_client import StreamClient
 
@@ -99,15 +100,24 @@ def error_message_from_body(body: bytes) -> str:
 
 
 class OpenAIStreamingUser(User):
-    """Closed loop: each user streams one completion after another, with no think time."""
+    """Closed loop: each user streams one completion after another, with no think time. Open loop (--rates): each
+    user waits for the next intended send time of its process's schedule, then streams one completion."""
 
     abstract = True
-    wait_time = constant(0)
+
+    def wait_time(self) -> float:
+        """Closed loop: no wait. Open loop: block until the next intended send time has come (Locust calls this
+        with the user marked as waiting, so stopping the run stops a waiting user at once) and keep its slot."""
+        if self.open_loop:
+            self._slot = self.run.tracker.plan.next_slot()
+        return 0.0
 
     def on_start(self) -> None:
         env = self.environment
         opts = env.parsed_options
         self.run = env.vllm_loadtest
+        self.open_loop = bool(getattr(opts, "rates", ""))
+        self._slot: Slot | None = None
         self.model = self.run.model(self.host)
         self.endpoint = opts.endpoint
         base = URL(self.host)
@@ -167,20 +177,34 @@ class OpenAIStreamingUser(User):
         self.bodies, self.body_max_tokens = dataset.prepared[key]
 
     def on_stop(self) -> None:
+        slot = getattr(self, "_slot", None)
+        if slot is not None:  # stopped between taking its send time and sending: another user sends it
+            self._slot = None
+            self.run.tracker.plan.give_back(slot)
         http = getattr(self, "http", None)
         if http is not None:
             http.close()
 
     @task
     def completion(self) -> None:
+        if self.open_loop:
+            slot, self._slot = self._slot, None
+            if slot is not None:  # None on the first run of the task, before wait_time took a slot
+                self.stream_completion(slot)
+            return
         self.stream_completion()
 
-    def stream_completion(self) -> RequestRecord:
-        """Send one streaming request, stamp every read, parse its lines, then record and report it."""
-        step, users, warmup = self.run.tracker.current()
+    def stream_completion(self, slot: Slot | None = None) -> RequestRecord:
+        """Send one streaming request, stamp every read, parse its lines, then record and report it. With a slot
+        (open loop), the record keeps the slot's intended send time and step."""
+        if slot is None:
+            step, users, warmup = self.run.tracker.current()
+            intended = None
+        else:
+            step, users, warmup, intended = slot.step, slot.users, slot.warmup, slot.intended_wall
         record = RequestRecord(
             request_id=next(self._ids), worker=self.run.worker_name, step=step, users=users, warmup=warmup,
-            start_time=0.0, endpoint=self.endpoint, model=self.model,
+            start_time=0.0, endpoint=self.endpoint, model=self.model, intended_start_time=intended,
         )  # fmt: skip
         parser = StreamParser()
         http = self.http
@@ -230,6 +254,8 @@ class OpenAIStreamingUser(User):
         else:  # failed before the send (connecting): the attempt's time is the time spent connecting
             record.start_time = http.connect_time
             duration = time.perf_counter() - http.connect_t
+        if record.intended_start_time is not None:
+            record.schedule_lag_s = glossary.schedule_lag_s(record.start_time, record.intended_start_time)
         if failure is None:
             failure = _stream_outcome(parsed, http.content_type)
         ttft = glossary.ttft_s(parsed.token_offsets_s)

@@ -11,9 +11,12 @@ import os
 
 from locust.util.timespan import parse_timespan
 
+from analysis.schedule import ARRIVALS, DEFAULT_ARRIVAL, parse_rates
+
 DEFAULT_PROMPT = "Explica en detalle cómo funciona la fotosíntesis."
 DEFAULT_STEPS = "1,2,4,8,16,32,64"
 DEFAULT_STEP_DURATION = "30s"
+DEFAULT_MAX_USERS = 1000
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
@@ -104,7 +107,8 @@ def add_arguments(parser) -> None:
         type=int,
         default=0,
         env_var="LOCUST_SEED",
-        help="Seed of the generated and sampled prompts and of --max-tokens-dist (the same in every worker)",
+        help="Seed of the generated and sampled prompts, of --max-tokens-dist and of --arrival poisson's times "
+        "(the same seed gives the same prompts and schedule, in every worker)",
     )
     parser.add_argument(
         "--temperature",
@@ -157,6 +161,29 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument(
         "--steps", default=DEFAULT_STEPS, env_var="LOCUST_STEPS", help="Comma-separated user counts, one load step each"
+    )
+    parser.add_argument(
+        "--rates",
+        default="",
+        env_var="LOCUST_RATES",
+        help="Open loop instead of --steps: comma-separated request rates (requests/s, all load processes "
+        "together), one step each; requests are sent at scheduled times, whether or not earlier ones have ended",
+    )
+    parser.add_argument(
+        "--arrival",
+        default=DEFAULT_ARRIVAL,
+        choices=list(ARRIVALS),
+        env_var="LOCUST_ARRIVAL",
+        help="With --rates: poisson (exponential times between requests, seeded by --seed) or constant (evenly "
+        "spaced)",
+    )
+    parser.add_argument(
+        "--max-users",
+        type=int,
+        default=DEFAULT_MAX_USERS,
+        env_var="LOCUST_MAX_USERS",
+        help="With --rates: the pool of users that send the scheduled requests (at most this many in flight); a "
+        "request whose time comes while all are busy is sent late, and its lateness recorded",
     )
     parser.add_argument(
         "--step-duration",
@@ -270,6 +297,16 @@ def parse_rate(text: str, name: str) -> float:
 def check(options: argparse.Namespace) -> None:
     """Validate the options that have no argparse type; raises ValueError with a one-line message."""
     parse_steps(options.steps)
+    if getattr(options, "rates", ""):
+        parse_rates(options.rates)
+        # Only a --steps that differs from its default counts as given: an option's source is not kept by argparse.
+        if options.steps != DEFAULT_STEPS:
+            raise ValueError(
+                f"--rates {options.rates} and --steps {options.steps} are alternatives (open loop, closed loop); "
+                "give only one"
+            )
+        if options.max_users < 1:
+            raise ValueError(f"--max-users {options.max_users} must be at least 1")
     duration = parse_duration(options.step_duration, "--step-duration")
     warmup = parse_duration(options.step_warmup, "--step-warmup", allow_zero=True)
     if warmup >= duration:

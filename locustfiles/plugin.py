@@ -80,6 +80,10 @@ SAVED_OPTIONS = [
     "no_continuous_usage",
     "keep_alive",
     "steps",
+    "rates",
+    "arrival",
+    "seed",
+    "max_users",
     "step_duration",
     "step_warmup",
     "max_error_rate",
@@ -269,7 +273,13 @@ class RunContext:
             logger.info("Run directory: %s", self.run_dir)
             self._start_scraper(options)
 
+    def on_test_stopping(self, environment, **_kw) -> None:
+        if self.generates_load:
+            self.tracker.plan.finish()  # the schedule ends with the run, not when the stopped users have finished
+
     def on_test_stop(self, environment, **_kw) -> None:
+        if self.generates_load:
+            self.tracker.plan.close()  # logs the scheduled requests that were due and never sent
         if self.writer is not None:
             self.writer.close()
             logger.info("%d request record(s) in %s", self.writer.count, self.writer.path)
@@ -503,6 +513,7 @@ def register(environment) -> RunContext:
     ctx = RunContext(environment)
     environment.vllm_loadtest = ctx
     environment.events.test_start.add_listener(ctx.on_test_start)
+    environment.events.test_stopping.add_listener(ctx.on_test_stopping)
     environment.events.test_stop.add_listener(ctx.on_test_stop)
     environment.events.llm_request.add_listener(ctx.on_record)
     environment.events.quitting.add_listener(ctx.on_quitting)
@@ -536,6 +547,10 @@ def apply_users_shortcut(options) -> str | None:
     step of 16 users for 60 s (Locust itself ignores -u and -t when a locustfile has a shape)."""
     if not options.headless or options.num_users is None or options.steps != opts_mod.DEFAULT_STEPS:
         return None
+    if getattr(options, "rates", ""):
+        # Said, not silently ignored (Locust ignores -u with a shape): an open-loop run's users are its pool.
+        users = options.num_users
+        return f"-u {users} is ignored with --rates: each rate step runs {options.max_users} users (--max-users)"
     options.steps = str(options.num_users)
     if options.run_time and options.step_duration == opts_mod.DEFAULT_STEP_DURATION:
         options.step_duration = f"{options.run_time}s"

@@ -1,11 +1,14 @@
-"""The stepped load: --steps 1,2,4,... users, each held for --step-duration, the first --step-warmup excluded.
+"""The stepped load: --steps 1,2,4,... users (or --rates 1,2,4,... requests/s), each held for --step-duration, the
+first --step-warmup excluded.
 
 The shape runs on the master (or the local runner). `StepTracker` carries the current step to every process
-so each record is tagged with the step and user count in force when its request started.
+so each record is tagged with the step and user count in force when its request started; for a rate step it also
+starts each load process's share of the schedule (locustfiles/openloop.py).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,9 +16,13 @@ from dataclasses import dataclass
 from locust import LoadTestShape
 from locust.runners import MasterRunner, WorkerRunner
 
+from analysis.schedule import parse_rates
+from locustfiles.openloop import OpenLoopPlan
 from locustfiles.options import parse_duration, parse_steps
 
 STEP_MESSAGE = "vllm_loadtest_step"
+
+logger = logging.getLogger("vllm_loadtest")
 
 
 @dataclass
@@ -33,6 +40,7 @@ class StepTracker:
         self.state: StepState | None = None
         self.timeline: list[dict] = []
         self.on_change = on_change
+        self.plan = OpenLoopPlan()  # this process's schedule of a rate run (unused in a closed loop)
         runner = environment.runner
         if isinstance(runner, WorkerRunner):
             runner.register_message(STEP_MESSAGE, self._on_message)
@@ -40,6 +48,7 @@ class StepTracker:
     def reset(self) -> None:
         self.state = None
         self.timeline = []
+        self.plan.reset()
 
     def current(self) -> tuple[int, int, bool]:
         """(step, users, in warm-up) for a request starting now."""
@@ -49,17 +58,34 @@ class StepTracker:
             return 0, self.environment.runner.user_count, False
         return state.step, state.users, time.perf_counter() < state.measure_from
 
-    def begin_step(self, step: int, users: int, warmup_s: float) -> None:
+    def begin_step(self, step: int, users: int, warmup_s: float, rate_rps: float | None = None) -> None:
         now = time.time()
         if self.timeline and self.timeline[-1]["end_time"] is None:
             self.timeline[-1]["end_time"] = now
         self.timeline.append(
-            {"step": step, "users": users, "start_time": now, "measure_start": now + warmup_s, "end_time": None}
-        )
+            {
+                "step": step, "users": users, "start_time": now, "measure_start": now + warmup_s, "end_time": None,
+                "rate_rps": rate_rps,
+            }
+        )  # fmt: skip
         self.state = StepState(step, users, time.perf_counter() + warmup_s)
         runner = self.environment.runner
+        options = self.environment.parsed_options
+        message = {"step": step, "users": users, "warmup_s": warmup_s, "rate_rps": rate_rps}
+        if rate_rps is not None:
+            # Sent with the step, not read from the worker's options: a worker holds its own defaults until the
+            # spawn message, which comes after the first step's message.
+            message.update(arrival=options.arrival, seed=options.seed)
         if isinstance(runner, MasterRunner):
-            runner.send_message(STEP_MESSAGE, {"step": step, "users": users, "warmup_s": warmup_s})
+            if rate_rps is not None:
+                # Each worker sends rate / workers: its rank among the workers now connected interleaves the
+                # constant schedules and gives each Poisson stream its own seed.
+                nodes = runner.clients.ready + runner.clients.spawning + runner.clients.running
+                ids = sorted((node.id for node in nodes), key=runner.get_worker_index)
+                message["ranks"] = {client_id: rank for rank, client_id in enumerate(ids)}
+            runner.send_message(STEP_MESSAGE, message)
+        elif rate_rps is not None:
+            self.plan.begin(step, users, rate_rps, warmup_s, options.arrival, options.seed)
         if self.on_change:
             self.on_change(self.timeline)
 
@@ -73,6 +99,18 @@ class StepTracker:
     def _on_message(self, environment, msg, **_kwargs) -> None:
         data = msg.data
         self.state = StepState(int(data["step"]), int(data["users"]), time.perf_counter() + float(data["warmup_s"]))
+        if data.get("rate_rps") is not None:
+            ranks = data.get("ranks") or {}
+            rank = ranks.get(self.environment.runner.client_id)
+            if rank is None:
+                # Not among the workers the master counted (it connected just now): it sends a share as if it
+                # were one more worker, so the rate is exceeded a little rather than its share silently lost.
+                logger.warning("this worker was not counted for step %s's rate; sending an extra share", data["step"])
+                rank = len(ranks)
+            self.plan.begin(
+                int(data["step"]), int(data["users"]), float(data["rate_rps"]), float(data["warmup_s"]),
+                str(data["arrival"]), data["seed"], rank=rank, processes=max(len(ranks), rank + 1),
+            )  # fmt: skip
 
 
 class StepLoadShape(LoadTestShape):
@@ -92,17 +130,20 @@ class StepLoadShape(LoadTestShape):
         self._index = -1
         self._step_began = 0.0
 
-    def _read_plan(self) -> tuple[list[int], float, float]:
+    def _read_plan(self) -> tuple[list[int], float, float, list[float] | None]:
         opts = self.runner.environment.parsed_options
-        steps = parse_steps(opts.steps)
+        rates = parse_rates(opts.rates) if getattr(opts, "rates", "") else None
+        # A rate run holds one pool of --max-users users at every step: no users stopped (and requests cut off)
+        # between steps, and enough of them that a free one is there at each intended time.
+        steps = [opts.max_users] * len(rates) if rates else parse_steps(opts.steps)
         duration = parse_duration(opts.step_duration, "--step-duration")
         warmup = parse_duration(opts.step_warmup, "--step-warmup", allow_zero=True)
-        return steps, duration, warmup
+        return steps, duration, warmup, rates
 
     def tick(self) -> tuple[int, float] | None:
         if getattr(self, "_plan", None) is None:
             self._plan = self._read_plan()
-        steps, duration, warmup = self._plan
+        steps, duration, warmup, rates = self._plan
         tracker: StepTracker = self.runner.environment.vllm_loadtest.tracker
         # Each step is timed from its own beginning, not from the run's start: a master's start() blocks until
         # the workers confirm their users (up to seconds), which would otherwise eat into the following steps.
@@ -113,7 +154,7 @@ class StepLoadShape(LoadTestShape):
             if self._index >= len(steps):
                 tracker.end()
                 return None
-            tracker.begin_step(self._index, steps[self._index], warmup)
+            tracker.begin_step(self._index, steps[self._index], warmup, rates[self._index] if rates else None)
         users = steps[self._index]
         # Spawn a step's new users within a fraction of a second: the lab fires c requests at once.
         return users, float(max(100, users))

@@ -82,6 +82,11 @@ def test_an_unwritable_run_directory(fake_server, tmp_path):
         (["--dataset", "synthetic:1"], "--dataset synthetic:1"),  # shorter than any word: found by preflight
         (["--max-tokens-dist", "uniform:9:1"], "--max-tokens-dist"),
         (["--num-prompts", "0"], "--num-prompts"),
+        (["--rates", "0"], "--rates"),
+        (["--rates", "1,fast"], "--rates"),
+        (["--rates", "1,2", "--steps", "4"], "are alternatives"),
+        (["--rates", "1", "--max-users", "0"], "--max-users"),
+        (["--rates", "1", "--arrival", "bursty"], "--arrival"),
     ],
 )
 def test_invalid_values(fake_server, tmp_path, args, expected):

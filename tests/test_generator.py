@@ -27,6 +27,7 @@ from analysis.generator import (
 )
 from analysis.records import RECEIVED_DIR
 from analysis.run import compute_table
+from analysis.schedule import OPEN_LOOP_COLUMNS
 from analysis.steps import format_table
 from tests.test_steps import TIMELINE, frame, rec
 
@@ -98,7 +99,8 @@ def test_either_bound_alone_flags_a_step_and_exactly_at_the_bound_does_not():
 
 def test_without_samples_every_step_is_missing_and_nothing_is_flagged():
     table = compute_table(frame([rec(1, 0, 1, 3.0, 0.2, 11, 0.01)]), TIMELINE, None, None)
-    assert list(table.columns[-len(GENERATOR_COLUMNS) :]) == GENERATOR_COLUMNS
+    # The self-check columns, then the open-loop columns (added later: steps.csv only gains columns at its end).
+    assert list(table.columns[-len(GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS) :]) == GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS
     assert table["generator_lag_p99_s"].isna().all() and table["generator_bound"].isna().all()
     assert LOAD_GENERATOR not in diagnose(table).binding.values() and "generator" not in format_table(table).lower()
 
@@ -180,7 +182,7 @@ def test_a_single_overloaded_process_is_flagged_generator_bound(fake_server, tmp
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = pd.read_csv(run_dir / "steps.csv")
-    assert list(steps.columns[-len(GENERATOR_COLUMNS) :]) == GENERATOR_COLUMNS
+    assert list(steps.columns[-len(GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS) :]) == GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS
     row = steps.iloc[0]
     assert row.generator_processes == 1 and row.users_achieved_mean > 0
     assert row.generator_lag_p99_s > LAG_BOUND_S or row.generator_cpu_max > CPU_BOUND, row

@@ -12,6 +12,7 @@ import pytest
 
 from analysis.generator import GENERATOR_COLUMNS
 from analysis.run import STEPS_FILE
+from analysis.schedule import OPEN_LOOP_COLUMNS
 from analysis.server_metrics import SERVER_COLUMNS
 from analysis.steps import STEP_COLUMNS
 from tests.conftest import ROOT
@@ -60,7 +61,7 @@ def test_stepped_headless_run_writes_records_and_the_step_table(fake_server, tmp
 
     records = pd.read_parquet(run_dir / "requests.parquet")
     steps = pd.read_csv(run_dir / STEPS_FILE)
-    assert list(steps.columns) == STEP_COLUMNS + SERVER_COLUMNS + GENERATOR_COLUMNS
+    assert list(steps.columns) == STEP_COLUMNS + SERVER_COLUMNS + GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS
     # The fake server's /metrics was scraped: its counters match the client's records exactly.
     metrics = pd.read_parquet(run_dir / "metrics.parquet")
     last = metrics[metrics["metric"] == "vllm:generation_tokens_total"]["value"].iloc[-1]
