@@ -325,8 +325,15 @@ def check(options: argparse.Namespace) -> None:
 
         if parse_bytes(options.model_bytes) <= 0:
             raise ValueError(f"--model-bytes {options.model_bytes} must be positive")
-    if getattr(options, "memory_bandwidth_gbs", None) is not None and options.memory_bandwidth_gbs <= 0:
-        raise ValueError(f"--memory-bandwidth-gbs {options.memory_bandwidth_gbs} must be positive (GB/s)")
+    bandwidth = getattr(options, "memory_bandwidth_gbs", None)
+    if bandwidth is not None:
+        # The web UI's start form hands back text (and "" for an empty field): one type from here on.
+        try:
+            options.memory_bandwidth_gbs = None if str(bandwidth).strip() == "" else float(bandwidth)
+        except ValueError:
+            raise ValueError(f"--memory-bandwidth-gbs {bandwidth!r} is not a number of GB/s, e.g. 3350") from None
+        if options.memory_bandwidth_gbs is not None and options.memory_bandwidth_gbs <= 0:
+            raise ValueError(f"--memory-bandwidth-gbs {bandwidth} must be positive (GB/s)")
     if getattr(options, "gpu", ""):
         from analysis.ceiling import bandwidth_gbs
 

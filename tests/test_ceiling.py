@@ -51,3 +51,17 @@ def test_missing_inputs_give_no_ceiling_and_missing_tpot_is_said():
     assert ceiling_report([{"users": 1, "tpot_p50_s": 0.01}], 1000.0, None, "x") is None
     r = ceiling_report([{"users": 1, "tpot_p50_s": math.nan}], 1000.0, 5e9, "x")
     assert r["measured_decode_tok_s"] is None and r["decode_efficiency"] is None and "missing" in r["text"][1]
+
+
+def test_bandwidth_from_the_web_ui_form_is_text_and_becomes_a_number():
+    from locustfiles.options import check
+    from tests.conftest import parse_options
+
+    for given, expected in (("3350", 3350.0), ("", None)):
+        options = parse_options("--host", "http://127.0.0.1:1")
+        options.memory_bandwidth_gbs = given  # what the start form sends back
+        check(options)
+        assert options.memory_bandwidth_gbs == expected
+    options.memory_bandwidth_gbs = "fast"
+    with pytest.raises(ValueError, match="not a number of GB/s"):
+        check(options)

@@ -208,7 +208,7 @@ def start_run(page, tmp_path: Path, states: list, *, steps: str, duration: str, 
             r"^Steps\b": steps,
             r"^Step Duration\b": duration,
             r"^Step Warmup\b": warmup,
-            r"^Max Tokens\b": str(max_tokens),
+            r"^Max Tokens\b(?! Dist)": str(max_tokens),  # not --max-tokens-dist
         }
         for label, value in fields.items():
             field = page.get_by_label(re.compile(label))
