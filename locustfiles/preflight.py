@@ -1,0 +1,121 @@
+"""The checks before any load, and the server questions they ask: the host answers, the API key is accepted, the
+model is served, the run directory can be made, the dataset can be built; plus the server's version for the report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from geventhttpclient import HTTPClient
+from geventhttpclient.url import URL
+
+from locustfiles import options as opts_mod
+from locustfiles.datasets import Dataset, build_dataset
+
+logger = logging.getLogger("vllm_loadtest")
+
+
+class SetupError(Exception):
+    """Bad input or an unusable server, found before load is sent."""
+
+
+def list_models(host: str, timeout: float, api_key: str | None = None) -> list[str] | None:
+    """The model ids of GET <host>/v1/models; None when the server has no such endpoint (404).
+
+    Raises SetupError with a one-line fix when the host cannot be reached or refuses the API key."""
+    base = URL(host)
+    headers = {"Accept": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    try:
+        client = HTTPClient.from_url(base, connection_timeout=min(10.0, timeout), network_timeout=min(30.0, timeout))
+        try:
+            response = client.get(base.path.rstrip("/") + "/v1/models", headers=headers)
+            body = response.read()
+        finally:
+            client.close()
+    except Exception as e:  # any failure here is reported as one line
+        raise SetupError(
+            f"cannot reach {host}/v1/models ({type(e).__name__}: {e}); check --host, or pass --model"
+        ) from None
+    if response.status_code in (401, 403):
+        raise SetupError(
+            f"{host} refused the API key (HTTP {response.status_code}); set --api-key or the --api-key-env variable"
+        )
+    if response.status_code == 404:
+        return None
+    if response.status_code != 200:
+        raise SetupError(f"{host}/v1/models answered HTTP {response.status_code}; pass --model explicitly")
+    try:
+        return [str(m["id"]) for m in json.loads(body)["data"]]
+    except (ValueError, KeyError, TypeError):
+        raise SetupError(f"{host}/v1/models answered something that is not a model list; pass --model") from None
+
+
+def discover_model(host: str, timeout: float, api_key: str | None = None) -> str:
+    """The first model <host>/v1/models lists."""
+    models = list_models(host, timeout, api_key)
+    if not models:
+        raise SetupError(f"{host}/v1/models lists no model; pass --model explicitly")
+    return models[0]
+
+
+def check_run_dir(path: Path) -> None:
+    """The run directory can be created: its nearest existing ancestor is a writable directory."""
+    ancestor = Path(path).absolute()
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise SetupError(
+            f"cannot create run directory {path}: {ancestor} is not a writable directory; pass a writable --run-dir"
+        )
+
+
+# Datasets built by preflight(), by dataset_key(): the process's users take them instead of building them again.
+_PREFLIGHT_DATASETS: dict[tuple, Dataset] = {}
+
+
+def dataset_key(options, host: str, model: str) -> tuple:
+    """Everything a built --dataset depends on."""
+    o = options
+    return (host, model, o.dataset, o.endpoint, o.seed, o.num_prompts, o.prompt, getattr(o, "prompt_file", ""))
+
+
+def preflight(options) -> None:
+    """Before any load (headless): the host answers, the API key is accepted, --model is a model it serves, and
+    --dataset can be built against it (a prompt length the tokenizer cannot make, a file nothing of fits)."""
+    models = list_models(options.host, options.read_timeout, opts_mod.api_key(options))
+    if models is None:
+        if not options.model:
+            raise SetupError(f"{options.host} has no /v1/models to discover the model from; pass --model")
+        logger.warning("%s has no /v1/models: --model %s is not checked", options.host, options.model)
+    elif options.model and options.model not in models:
+        served = ", ".join(models[:5]) + (" …" if len(models) > 5 else "")
+        raise SetupError(f"--model {options.model!r} is not served by {options.host} (it serves: {served})")
+    elif not options.model and not models:
+        raise SetupError(f"{options.host}/v1/models lists no model; pass --model explicitly")
+    model = options.model or models[0]
+    key = dataset_key(options, options.host, model)
+    _PREFLIGHT_DATASETS[key] = build_dataset(options.dataset, options, options.host, model, opts_mod.api_key(options))
+
+
+def fetch_server_version(host: str, timeout: float = 5.0) -> str | None:
+    """GET <host>/version (vLLM's {"version": ...}); None when the server does not say."""
+    base = URL(host)
+    try:
+        client = HTTPClient.from_url(base, connection_timeout=timeout, network_timeout=timeout)
+        try:
+            response = client.get(base.path.rstrip("/") + "/version", headers={"Accept": "application/json"})
+            body = response.read()
+        finally:
+            client.close()
+        if response.status_code != 200:
+            return None
+        version = json.loads(body).get("version")
+        return str(version) if version is not None else None
+    except Exception as e:  # optional metadata: the run goes on without it, but say why
+        logger.debug("no server version from %s/version: %s: %s", host, type(e).__name__, e)
+        return None
