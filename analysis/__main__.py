@@ -3,6 +3,7 @@
 python -m analysis steps RUN_DIR                         # requests.parquet, metrics.parquet, steps.csv
 python -m analysis report RUN_DIR [--compare RUN_DIR ...]  # the above, then summary.json and report.html
 python -m analysis glossary                                # the metric glossary as a Markdown table
+python -m analysis glossary --docs [--write docs/metrics.md]  # every column's page (stdout, or written there)
 """
 
 from __future__ import annotations
@@ -41,7 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     report = sub.add_parser("report", help="rebuild the tables, then write summary.json and report.html")
     report.add_argument("run_dir", type=Path)
     report.add_argument("--compare", type=Path, nargs="*", default=[], help="other run directories to overlay")
-    sub.add_parser("glossary", help="print the metric glossary as a Markdown table (the README's)")
+    gloss = sub.add_parser("glossary", help="print the metric glossary as a Markdown table (the README's)")
+    gloss.add_argument("--docs", action="store_true", help="print docs/metrics.md instead: every column of every table")
+    gloss.add_argument(
+        "--write", type=Path, metavar="PATH", help="write docs/metrics.md's text to PATH (implies --docs)"
+    )
     snap = sub.add_parser("snapshot", help="the report and/or the records of a run in progress, written elsewhere")
     snap.add_argument("run_dir", type=Path)
     snap.add_argument("--report", type=Path, help="write report.html of the run so far here")
@@ -50,9 +55,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "snapshot":
         return snapshot(args.run_dir, args.report, args.records)
     if args.command == "glossary":
-        from analysis.glossary import markdown_table
+        from analysis.glossary import docs_markdown, markdown_table
 
-        print(markdown_table())
+        if args.write is not None:
+            args.write.parent.mkdir(parents=True, exist_ok=True)
+            args.write.write_text(docs_markdown(), encoding="utf-8")
+            print(f"wrote {args.write}")
+        elif args.docs:
+            print(docs_markdown(), end="")
+        else:
+            print(markdown_table())
         return 0
 
     if not (args.run_dir / RECORDS_DIR).is_dir():

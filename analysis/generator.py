@@ -19,23 +19,16 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from analysis import glossary
+from analysis.glossary import flagged
 from analysis.records import RECEIVED_DIR, read_jsonl
+from analysis.thresholds import CPU_BOUND, LAG_BOUND_S, PROBE_INTERVAL_S  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
 
 GENERATOR_DIR = "generator"  # <host>-<pid>.jsonl per process, and received/ for the copies workers ship
 GENERATOR_FILE = "generator.parquet"
-PROBE_INTERVAL_S = 0.01  # the lag probe's sleep: 100 lag samples per second per process
 ROW_INTERVAL_S = 1.0  # one row per process about every second
-
-# A probe that wakes more than 2 ms late at p99 means ready streams wait as long for the CPU, and every timestamp
-# taken after a read is late by that wait: it would eat most of issue 8's accuracy budget (ITL error p99 <= 3 ms,
-# TTFT error p99 <= 5 ms). Idle, the probe's lag was p50 0.2 ms and p99 0.6-1.0 ms on the 2-core machine this
-# suite is developed on, so 2 ms is above the timer's own jitter.
-LAG_BOUND_S = 0.002
-# Python runs the event loop on one core: at 85 % busy it is idle only 15 % of the time, so chunks that arrive
-# together queue behind each other and their stamps are late, even before the lag probe's p99 shows it.
-CPU_BOUND = 0.85
 ADVICE = "add worker processes (--processes N, or more workers; one per free core)"
 # Lag with a mostly idle load process: it waited for a CPU that other processes held (in the demo, vLLM's CPU
 # engine at 32-64 users: lag p99 3-5 ms with the load process at 6-11 % CPU). More workers on the same cores would
@@ -54,6 +47,7 @@ def advice(row: pd.Series) -> str:
         return CONTENDED_ADVICE
     return ADVICE
 
+
 SCHEMA = pa.schema(
     [
         ("timestamp", pa.float64()),
@@ -67,15 +61,7 @@ SCHEMA = pa.schema(
     ]
 )
 
-GENERATOR_COLUMNS = [
-    "generator_processes",
-    "generator_lag_p50_s",
-    "generator_lag_p99_s",
-    "generator_lag_max_s",
-    "generator_cpu_max",
-    "users_achieved_mean",
-    "generator_bound",
-]
+GENERATOR_COLUMNS = glossary.names(glossary.GENERATOR)
 
 
 def sample_line(
@@ -146,14 +132,7 @@ def is_bound(lag_p99_s: float, cpu_max: float) -> bool | None:
     measured = [v for v in (lag_p99_s, cpu_max) if v is not None and not math.isnan(v)]
     if not measured:
         return None
-    return bool(
-        (lag_p99_s is not None and lag_p99_s > LAG_BOUND_S) or (cpu_max is not None and cpu_max > CPU_BOUND)
-    )
-
-
-def flagged(value) -> bool:
-    """True only for a step flagged generator-bound (False, None and NaN, i.e. not measured, are not)."""
-    return value is not None and not pd.isna(value) and bool(value)
+    return bool((lag_p99_s is not None and lag_p99_s > LAG_BOUND_S) or (cpu_max is not None and cpu_max > CPU_BOUND))
 
 
 def step_generator_table(samples: pd.DataFrame | None, timeline: list[dict]) -> pd.DataFrame:
@@ -213,40 +192,12 @@ def reasons(row: pd.Series) -> str:
     return ", ".join(out)
 
 
-def _verdict(value) -> str:
-    if value is None or pd.isna(value):
-        return "-"
-    return "BOUND" if value else "ok"
-
-
 def format_generator(table: pd.DataFrame) -> list[str]:
     """The console's self-check section: per step, lag (ms), CPU, achieved users and the verdict; [] without
     samples."""
     if "generator_bound" not in table.columns or not table["generator_processes"].notna().any():
         return []
-    ms = lambda v: "-" if pd.isna(v) else f"{v * 1000:.1f}"  # noqa: E731
-    head = ["step", "users", "achieved", "processes", "lag p50", "p99", "max", "CPU max", "generator"]
-    rows = [
-        [
-            str(r.step),
-            str(r.users),
-            "-" if pd.isna(r.users_achieved_mean) else f"{r.users_achieved_mean:.1f}",
-            "-" if pd.isna(r.generator_processes) else f"{r.generator_processes:.0f}",
-            ms(r.generator_lag_p50_s),
-            ms(r.generator_lag_p99_s),
-            ms(r.generator_lag_max_s),
-            "-" if pd.isna(r.generator_cpu_max) else f"{r.generator_cpu_max:.0%}",
-            _verdict(r.generator_bound),
-        ]
-        for r in table.itertuples(index=False)
-    ]
-    w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    out = [
-        "",
-        f"Load generator (self-checks over each step's measured window; lag in ms; BOUND: lag p99 over "
-        f"{LAG_BOUND_S * 1000:.0f} ms or a process over {CPU_BOUND:.0%} CPU)",
-    ]
-    out += ["  ".join(c.rjust(x) for c, x in zip(cells, w)) for cells in [head, *rows]]
+    out = ["", *glossary.console_table(table, glossary.GENERATOR)]
     bound = bound_steps(table)
     if len(bound):
         which = ", ".join(f"{int(r['step'])} ({int(r['users'])} users)" for _, r in bound.iterrows())

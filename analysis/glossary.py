@@ -1,18 +1,25 @@
-"""The one glossary: every metric the suite reports, its unit and its formula.
+"""The one glossary: every metric the suite reports, every column it writes, their units and their formulas.
 
-Column names in `requests.parquet`, `steps.csv`, the console table and the README come from `GLOSSARY`.
-The formulas are pure functions (no network, no Locust) so the live view, the end-of-run table and the
-report cannot disagree. Times are seconds unless a name says otherwise.
+`GLOSSARY` defines the metrics (the README's table). `COLUMNS` declares every column of `steps.csv` and of
+`requests.parquet` once: its unit, formula, meaning, console header, format and section. The step table's column
+lists (`analysis.steps.STEP_COLUMNS`, `analysis.server_metrics.SERVER_COLUMNS`, `analysis.generator.
+GENERATOR_COLUMNS`, `analysis.schedule.OPEN_LOOP_COLUMNS`), the console tables, the web UI's LLM tab, the
+report's per-step table and docs/metrics.md are derived from it, so they cannot disagree. The core step columns
+also carry the function that computes them. Pure functions (no network, no Locust); times are seconds unless a
+name says otherwise.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
-from analysis.generator import CPU_BOUND, LAG_BOUND_S, PROBE_INTERVAL_S
-from analysis.schedule import LAG_CEILING_S, LAG_FLOOR_S, LAG_SHARE
+import numpy as np
+import pandas as pd
+
+from analysis.thresholds import CPU_BOUND, LAG_BOUND_S, LAG_CEILING_S, LAG_FLOOR_S, LAG_SHARE, PROBE_INTERVAL_S
 
 
 @dataclass(frozen=True)
@@ -286,3 +293,569 @@ def intended_s(latency_s: float | None, lag_s: float | None) -> float | None:
     if latency_s is None or lag_s is None:
         return None
     return latency_s + lag_s
+
+
+# --- statistics shared by every table ------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float] | np.ndarray | pd.Series, q: float) -> float:
+    """q-th percentile (0-100) of the raw values, linear interpolation = numpy's default; NaN when there are none."""
+    arr = np.asarray(values, dtype=float)
+    arr = arr[~np.isnan(arr)]
+    if arr.size == 0:
+        return math.nan
+    return float(np.percentile(arr, q))
+
+
+def mean(values: Sequence[float] | np.ndarray | pd.Series) -> float:
+    """Mean = sum / count of the values that are not missing; NaN when there are none."""
+    values = pd.Series(values, dtype=float).dropna()
+    return float(values.mean()) if len(values) else math.nan
+
+
+def flagged(value: object) -> bool:
+    """Flagged = the verdict is true; False, None and NaN (not measured) are not flagged."""
+    return value is not None and not pd.isna(value) and bool(value)
+
+
+def _nan(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+# --- the registry of columns ---------------------------------------------------------------------------------
+
+# Sections: where a column is written and in which console table it is shown.
+STEP = "step"  # the core step table (steps.csv, the "Batching curve" console table)
+SERVER = "server"  # steps.csv: vLLM's /metrics over each step's window
+GENERATOR = "generator"  # steps.csv: the load generator's self-checks
+OPEN_LOOP = "open_loop"  # steps.csv: open-loop (--rates) columns, last
+REQUESTS = "requests"  # requests.parquet: one row per request
+LIVE = "live"  # the web UI's LLM tab only: the server's latest gauges and the row's scope (written nowhere)
+
+# A format is a kind and a number of decimals: ms1 = seconds shown as ms with 1 decimal, pct0 = a fraction as a
+# whole percentage, num2 = 2 decimals, int = a count, g = as short as exact, flag = the column's word when true /
+# ok when false, text = as is. Missing values always show as "-", never 0.
+_FORMAT = re.compile(r"^(ms|pct|num|int|g|flag|text)(\d*)$")
+FORMAT_WORDS = {
+    "ms": "ms, {d} decimal(s)",
+    "pct": "%",
+    "num": "{d} decimal(s)",
+    "int": "integer",
+    "g": "shortest exact",
+    "flag": "{flag} / ok",
+    "text": "as is",
+}
+
+
+@dataclass(frozen=True)
+class StepData:
+    """What a step's core columns are computed from (one step, or the whole run's row)."""
+
+    ok: pd.DataFrame  # its measured ok requests: started after the warm-up, not in flight at the stop
+    errors: int  # its measured failed requests
+    cut_off: int  # its requests in flight when the load generator began to stop
+    output_tokens: int  # output tokens of the ok requests (any step) that completed inside its window
+    window_s: float  # length of its measured window
+    itl_s: np.ndarray  # every ITL sample of its ok requests
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of steps.csv or requests.parquet (or of the web UI's tab), declared once."""
+
+    name: str
+    section: str
+    unit: str
+    meaning: str  # one line
+    formula: str = ""
+    label: str = ""  # the report's and the web UI's title, without the unit (`title` adds it)
+    header: str | None = None  # the console header in its section's table; None: not on the console
+    fmt: str = "num1"  # see _FORMAT
+    web_fmt: str | None = None  # the web UI's format when it differs (finer TPOT, a rate with 2 decimals)
+    web_key: str | None = None  # the web UI's row key when it is not derived from the name (kept for its users)
+    flag: str | None = None  # a verdict: the word shown when it is true (BOUND, BEHIND)
+    metric: str | None = None  # the GLOSSARY metric it is a statistic of
+    live: bool = False  # a request column the live view keeps (the core step columns read it)
+    compute: Callable[[StepData], object] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for fmt in (self.fmt, self.web_fmt):
+            if fmt is not None and not _FORMAT.match(fmt):
+                raise ValueError(f"column {self.name}: unknown format {fmt!r}")
+
+    @property
+    def title(self) -> str:
+        """The label with the unit it is shown in: "TTFT p50 (ms)", "Window (s)"."""
+        label = self.label or self.name
+        if self.fmt.startswith("ms"):
+            return f"{label} (ms)"
+        if self.unit == "s" and self.fmt.startswith(("num", "g")):
+            return f"{label} (s)"
+        return label
+
+    def show(self, value: object, web: bool = False) -> str:
+        """The value as text in this column's format (the web UI's when `web`)."""
+        return format_value(value, (self.web_fmt or self.fmt) if web else self.fmt, self.flag)
+
+    @property
+    def key(self) -> str:
+        """The web UI's row key: seconds shown in ms are named *_ms."""
+        if self.web_key:
+            return self.web_key
+        return self.name[:-2] + "_ms" if self.fmt.startswith("ms") and self.name.endswith("_s") else self.name
+
+
+def _missing(value: object) -> bool:
+    if value is None:
+        return True
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):  # a list or an array: present
+        return False
+
+
+def format_value(value: object, fmt: str, flag: str | None = None) -> str:
+    """A value as text: ms1 = v * 1000 with 1 decimal, pct0 = v * 100 % with none, num2 = 2 decimals, int = a count;
+    missing = "-"."""
+    if _missing(value):
+        return "-"
+    kind, digits = _FORMAT.match(fmt).groups()
+    d = int(digits or 0)
+    if kind == "text":
+        return str(value)
+    if kind == "flag":
+        return (flag or "yes") if bool(value) else "ok"
+    try:
+        v = float(value)
+    except (TypeError, ValueError):  # the whole run's step is "all"
+        return str(value)
+    if kind == "int":
+        return f"{v:.0f}"
+    if kind == "ms":
+        return f"{v * 1000:.{d}f}"
+    if kind == "pct":
+        return f"{v:.{d}%}"
+    if kind == "g":
+        return f"{v:g}"
+    return f"{v:.{d}f}"
+
+
+def _ok(column: str) -> Callable[[StepData], pd.Series]:
+    return lambda d: d.ok[column]
+
+
+def _per_request_tok_s(d: StepData) -> list[float | None]:
+    return [per_request_tok_s(n, e) for n, e in zip(d.ok["output_tokens"], d.ok["e2e_s"])]
+
+
+def _percentiles(
+    metric: str, label: str, qs: Sequence[int], values: Callable[[StepData], object], over: str
+) -> list[Column]:
+    """A metric's per-step percentile columns <metric>_p<q>_s; the first one's console header names the metric."""
+    return [
+        Column(
+            f"{metric}_p{q}_s", STEP, "s",
+            f"{q}th percentile of {metric}_s over {over}.",
+            f"percentile({metric}_s, {q}), exact, linear interpolation between closest ranks",
+            label=f"{label} p{q}", header=f"{label} p{q}" if i == 0 else f"p{q}", fmt="ms1",
+            web_fmt="ms2" if metric == "tpot" else None, metric=f"{metric}_s",
+            compute=lambda d, q=q: percentile(values(d), q),
+        )
+        for i, q in enumerate(qs)
+    ]  # fmt: skip
+
+
+_MEASURED = "the step's measured ok requests (started after its warm-up, not cut off)"
+
+# steps.csv, core: one row per step, computed from requests.parquet (analysis/steps.py).
+_STEP_COLUMNS = [
+    Column("step", STEP, "index", "Index of the load step (0 = first); the whole run's row is \"all\".",
+           label="Step", header="step", fmt="int"),
+    Column("users", STEP, "users", "The step's target users, all processes together (a rate step: its user pool).",
+           label="Users", header="users", fmt="int"),
+    Column("window_s", STEP, "s", "Length of the step's measured window, from the end of its warm-up to its end.",
+           "end_time - measure_start", label="Window", fmt="num2", compute=lambda d: d.window_s),
+    Column("requests", STEP, "requests", f"Ok requests measured: {_MEASURED}.", "count",
+           label="Requests ok", header="reqs", fmt="int", compute=lambda d: len(d.ok)),
+    Column("errors", STEP, "requests", "Failed requests started after the step's warm-up, not cut off.", "count",
+           label="Errors", header="errors", fmt="int", compute=lambda d: d.errors),
+    Column("cut_off", STEP, "requests",
+           "Requests of the step in flight when the load generator began to stop: neither errors nor measured.",
+           "count", label="Cut off", header="cut_off", fmt="int", compute=lambda d: d.cut_off),
+    Column("output_tokens", STEP, "tokens", "Output tokens of the ok requests that completed inside the window.",
+           "sum of output_tokens", label="Output tokens", fmt="int", metric="output_tokens",
+           compute=lambda d: d.output_tokens),
+    Column("aggregate_tok_s", STEP, "tokens/s", "Aggregate throughput over the step's measured window.",
+           "output_tokens / window_s", label="Aggregate tok/s", header="agg tok/s", metric="aggregate_tok_s",
+           compute=lambda d: _nan(aggregate_tok_s(d.output_tokens, d.window_s))),
+    Column("per_request_tok_s_mean", STEP, "tokens/s", f"Mean per-request throughput of {_MEASURED}.",
+           "mean(output_tokens / e2e_s)", label="Per-request tok/s", header="req tok/s",
+           web_key="per_request_tok_s", metric="per_request_tok_s",
+           compute=lambda d: mean(_per_request_tok_s(d))),
+    *_percentiles("ttft", "TTFT", (50, 95, 99), _ok("ttft_s"), _MEASURED),
+    Column("ttft_mean_s", STEP, "s", f"Mean TTFT of {_MEASURED}.", "mean(ttft_s)", label="TTFT mean", fmt="ms1",
+           metric="ttft_s", compute=lambda d: mean(d.ok["ttft_s"])),
+    *_percentiles("tpot", "TPOT", (50, 95, 99), _ok("tpot_s"), _MEASURED + "; one-token answers have none"),
+    *_percentiles("itl", "ITL", (50, 99), lambda d: d.itl_s, "every ITL sample of " + _MEASURED),
+    Column("e2e_mean_s", STEP, "s", f"Mean end-to-end latency of {_MEASURED}.", "mean(e2e_s)",
+           label="E2E mean", header="E2E mean", fmt="ms1", metric="e2e_s", compute=lambda d: mean(d.ok["e2e_s"])),
+]  # fmt: skip
+
+_WINDOW = "over the step's measured window"
+_HISTOGRAM = "interpolated inside the histogram's buckets between the scrapes that bound the window"
+
+# steps.csv, server: vLLM's /metrics over each step's window (analysis/server_metrics.py).
+_SERVER_COLUMNS = [
+    Column("kv_cache_usage_mean", SERVER, "fraction", f"Mean KV-cache usage {_WINDOW}.",
+           "mean of vllm:kv_cache_usage_perc over the scrapes inside the window", label="KV cache mean",
+           header="KV cache mean", fmt="pct0", metric="kv_cache_usage"),
+    Column("kv_cache_usage_max", SERVER, "fraction", f"Max KV-cache usage {_WINDOW}.",
+           "max of vllm:kv_cache_usage_perc over the scrapes inside the window", label="KV cache max",
+           header="max", fmt="pct0", metric="kv_cache_usage"),
+    Column("running_mean", SERVER, "requests", f"Mean of the requests in vLLM's running batch {_WINDOW}.",
+           "mean of vllm:num_requests_running", label="Running mean", header="running mean", metric="running"),
+    Column("running_max", SERVER, "requests", f"Max of the requests in vLLM's running batch {_WINDOW}.",
+           "max of vllm:num_requests_running", label="Running max", header="max", metric="running"),
+    Column("waiting_mean", SERVER, "requests", f"Mean of the requests waiting for admission {_WINDOW}.",
+           "mean of vllm:num_requests_waiting", label="Waiting mean", header="waiting mean", metric="waiting"),
+    Column("waiting_max", SERVER, "requests", f"Max of the requests waiting for admission {_WINDOW}.",
+           "max of vllm:num_requests_waiting", label="Waiting max", header="max", metric="waiting"),
+    Column("waiting_capacity_max", SERVER, "requests", f"Max of the requests waiting for capacity {_WINDOW}.",
+           "max of vllm:num_requests_waiting_by_reason{reason=capacity}", label="Waiting for capacity max",
+           metric="waiting_capacity"),
+    Column("waiting_deferred_max", SERVER, "requests", f"Max of the requests deferred by transient constraints "
+           f"{_WINDOW}.", "max of vllm:num_requests_waiting_by_reason{reason=deferred}",
+           label="Waiting deferred max", metric="waiting_capacity"),
+    Column("preemptions", SERVER, "requests", f"Running requests evicted to free KV cache {_WINDOW}.",
+           "increase of vllm:num_preemptions_total", label="Preemptions", header="preemptions", fmt="int",
+           metric="preemptions"),
+    Column("prefix_cache_hit_rate", SERVER, "fraction", f"Share of looked-up prompt tokens found in the prefix "
+           f"cache {_WINDOW}.", "increase of vllm:prefix_cache_hits_total / increase of "
+           "vllm:prefix_cache_queries_total", label="Prefix-cache hit rate", header="prefix hits", fmt="pct0",
+           metric="prefix_cache_hit_rate"),
+    Column("server_ttft_mean_s", SERVER, "s", f"vLLM's own mean TTFT {_WINDOW}.",
+           "increase of vllm:time_to_first_token_seconds_sum / increase of its _count", label="Server TTFT mean",
+           header="server TTFT mean", fmt="ms1", metric="server_ttft"),
+    Column("server_ttft_p50_s", SERVER, "s", f"vLLM's own TTFT, median {_WINDOW}.",
+           f"histogram_quantile(0.50) of vllm:time_to_first_token_seconds, {_HISTOGRAM}", label="Server TTFT p50",
+           fmt="ms1", metric="server_ttft"),
+    Column("server_ttft_p99_s", SERVER, "s", f"vLLM's own TTFT, 99th percentile {_WINDOW}.",
+           f"histogram_quantile(0.99) of vllm:time_to_first_token_seconds, {_HISTOGRAM}", label="Server TTFT p99",
+           header="p99", fmt="ms1", metric="server_ttft"),
+    Column("server_queue_time_mean_s", SERVER, "s", f"Mean time requests waited in vLLM's queue {_WINDOW}.",
+           "increase of vllm:request_queue_time_seconds_sum / increase of its _count", label="Queue time mean",
+           header="queue mean", fmt="ms1", metric="server_queue_time"),
+    Column("server_queue_time_p50_s", SERVER, "s", f"Time requests waited in vLLM's queue, median {_WINDOW}.",
+           f"histogram_quantile(0.50) of vllm:request_queue_time_seconds, {_HISTOGRAM}", label="Queue time p50",
+           fmt="ms1", metric="server_queue_time"),
+    Column("server_queue_time_p99_s", SERVER, "s", f"Time requests waited in vLLM's queue, 99th percentile "
+           f"{_WINDOW}.", f"histogram_quantile(0.99) of vllm:request_queue_time_seconds, {_HISTOGRAM}",
+           label="Queue time p99", fmt="ms1", metric="server_queue_time"),
+    Column("ttft_gap_mean_s", SERVER, "s", "Client-minus-server TTFT over the same requests: the time outside "
+           "vLLM's engine clock.", "mean ttft_s of the requests whose first token arrived between the two scrapes "
+           "- server_ttft_mean_s", label="TTFT gap", header="TTFT gap", fmt="ms1", metric="ttft_gap_mean"),
+]  # fmt: skip
+
+_PROCESSES = "over the load-generating processes, of the samples inside the step's window"
+
+# steps.csv, generator: the load generator's self-checks over each step's window (analysis/generator.py).
+_GENERATOR_COLUMNS = [
+    Column("generator_processes", GENERATOR, "processes", "Load-generating processes with self-check samples in "
+           "the window.", "count of distinct workers", label="Load processes", header="processes", fmt="int",
+           metric="generator_processes"),
+    Column("generator_lag_p50_s", GENERATOR, "s", "Event-loop lag, the worst process's median.",
+           f"max {_PROCESSES}, of each process's percentile(lag_s, 50)", label="Generator lag p50",
+           header="lag p50", fmt="ms1", metric="generator_lag"),
+    Column("generator_lag_p99_s", GENERATOR, "s", "Event-loop lag, the worst process's 99th percentile.",
+           f"max {_PROCESSES}, of each process's percentile(lag_s, 99)", label="Generator lag p99",
+           header="p99", fmt="ms1", metric="generator_lag"),
+    Column("generator_lag_max_s", GENERATOR, "s", "Event-loop lag, the largest sample of any process.",
+           f"max {_PROCESSES}, of each process's max(lag_s)", label="Generator lag max", header="max", fmt="ms1",
+           metric="generator_lag"),
+    Column("generator_cpu_max", GENERATOR, "fraction", "CPU use of the busiest load process (1 = one core).",
+           f"max {_PROCESSES}, of sum(cpu_s) / sum(interval_s)", label="Generator CPU max", header="CPU max",
+           fmt="pct0", metric="generator_cpu_max"),
+    Column("users_achieved_mean", GENERATOR, "users", "Users actually running, all processes together.",
+           f"sum {_PROCESSES}, of the interval_s-weighted mean of users_achieved", label="Users achieved",
+           header="achieved", metric="users_achieved_mean"),
+    Column("generator_bound", GENERATOR, "bool", "The load generator could not keep up: the step's latencies read "
+           "high.", f"generator_lag_p99_s > {LAG_BOUND_S} or generator_cpu_max > {CPU_BOUND}; empty without samples",
+           label="Generator-bound", header="generator", fmt="flag", flag="BOUND", metric="generator_bound"),
+]  # fmt: skip
+
+_SENT = "the step's requests sent after its warm-up, any outcome"
+_OK_INTENDED = "the step's measured ok requests, counted from the intended send time"
+
+# steps.csv, open loop (--rates; empty in a closed loop but achieved_rps), last (analysis/schedule.py).
+_OPEN_LOOP_COLUMNS = [
+    Column("rate_rps", OPEN_LOOP, "requests/s", "Intended request rate of a rate step (--rates), all processes.",
+           "the step's --rates value", label="Rate (req/s)", header="rate req/s", fmt="g", web_fmt="num2",
+           metric="rate_rps"),
+    Column("achieved_rps", OPEN_LOOP, "requests/s", "Requests sent in the step's measured window per second.",
+           "requests whose start_time lies in the window / window_s", label="Achieved (req/s)", header="achieved",
+           fmt="num2", metric="achieved_rps"),
+    Column("schedule_lag_p50_s", OPEN_LOOP, "s", f"Median schedule lag of {_SENT}.", "percentile(schedule_lag_s, 50)",
+           label="Schedule lag p50", header="lag p50", fmt="ms1", metric="schedule_lag_s"),
+    Column("schedule_lag_p99_s", OPEN_LOOP, "s", f"99th percentile of the schedule lag of {_SENT}.",
+           "percentile(schedule_lag_s, 99)", label="Schedule lag p99", header="p99", fmt="ms1",
+           metric="schedule_lag_s"),
+    Column("schedule_lag_max_s", OPEN_LOOP, "s", f"Largest schedule lag of {_SENT}.", "max(schedule_lag_s)",
+           label="Schedule lag max", header="max", fmt="ms1", metric="schedule_lag_s"),
+    Column("ttft_intended_p50_s", OPEN_LOOP, "s", f"Median TTFT of {_OK_INTENDED}.",
+           "percentile(ttft_s + schedule_lag_s, 50)", label="TTFT@intended p50", header="TTFT@intended p50",
+           fmt="ms1", metric="ttft_intended"),
+    Column("ttft_intended_p95_s", OPEN_LOOP, "s", f"95th percentile of the TTFT of {_OK_INTENDED}.",
+           "percentile(ttft_s + schedule_lag_s, 95)", label="TTFT@intended p95", fmt="ms1", metric="ttft_intended"),
+    Column("ttft_intended_p99_s", OPEN_LOOP, "s", f"99th percentile of the TTFT of {_OK_INTENDED}.",
+           "percentile(ttft_s + schedule_lag_s, 99)", label="TTFT@intended p99", header="p99", fmt="ms1",
+           metric="ttft_intended"),
+    Column("ttft_intended_mean_s", OPEN_LOOP, "s", f"Mean TTFT of {_OK_INTENDED}.", "mean(ttft_s + schedule_lag_s)",
+           label="TTFT@intended mean", fmt="ms1", metric="ttft_intended"),
+    Column("e2e_intended_mean_s", OPEN_LOOP, "s", f"Mean E2E of {_OK_INTENDED}.", "mean(e2e_s + schedule_lag_s)",
+           label="E2E@intended mean", header="E2E@intended mean", fmt="ms1", metric="e2e_intended"),
+    Column("schedule_behind", OPEN_LOOP, "bool", "The client did not keep the schedule: the server was offered "
+           "less than the intended load, later.", f"schedule_lag_p99_s > min({LAG_CEILING_S}, max({LAG_FLOOR_S}, "
+           f"{LAG_SHARE} / rate_rps)); empty in a closed loop", label="Behind schedule", header="schedule",
+           fmt="flag", flag="BEHIND", metric="schedule_behind"),
+]  # fmt: skip
+
+# requests.parquet: one row per request, in analysis/records.py SCHEMA's order.
+_REQUEST_COLUMNS = [
+    Column("request_id", REQUESTS, "text", "Unique id of the request, given by the client.", live=True),
+    Column("worker", REQUESTS, "text", "The load-generating process that sent it (<host>-<pid>)."),
+    Column("step", REQUESTS, "index", "The load step it was sent in (0 = first).", live=True),
+    Column("users", REQUESTS, "users", "Its step's target users, all processes together.", live=True),
+    Column("warmup", REQUESTS, "bool", "Sent during its step's warm-up (--step-warmup): not measured.", live=True),
+    Column("start_time", REQUESTS, "s", "Unix time of the send stamp (the request's bytes written).", live=True),
+    Column("endpoint", REQUESTS, "text", "The API it called: completions or chat."),
+    Column("model", REQUESTS, "text", "The model it asked for."),
+    Column("status", REQUESTS, "text", "ok or error.", live=True),
+    Column("error_type", REQUESTS, "text", "The failure's category (e.g. timeout, connection_error, stream_error; "
+           "cut_off: in flight when the load generator stopped); none when ok.", live=True),
+    Column("error", REQUESTS, "text", "The failure's message; none when ok."),
+    Column("http_status", REQUESTS, "code", "The response's HTTP status; none when no response came."),
+    Column("ttft_s", REQUESTS, "s", "Time to first token.", "arrival offset of the first token-carrying chunk",
+           metric="ttft_s", live=True),
+    Column("e2e_s", REQUESTS, "s", "End-to-end latency.", "arrival offset of the last token-carrying chunk",
+           metric="e2e_s", live=True),
+    Column("tpot_s", REQUESTS, "s", "Time per output token.", "(e2e_s - ttft_s) / (output_tokens - 1); none when "
+           "output_tokens <= 1", metric="tpot_s", live=True),
+    Column("duration_s", REQUESTS, "s", "Time from the send stamp to the response's end (or the failure).",
+           "end - start_time", live=True),
+    Column("output_tokens", REQUESTS, "tokens", "Output tokens of the answer.", "usage.completion_tokens, else the "
+           "token-carrying chunks", metric="output_tokens", live=True),
+    Column("output_tokens_estimated", REQUESTS, "bool", "output_tokens counted from chunks: the server sent no "
+           "usage."),
+    Column("prompt_tokens", REQUESTS, "tokens", "The server's usage.prompt_tokens; none without usage."),
+    Column("chunks", REQUESTS, "chunks", "Token-carrying chunks received.", "len(chunk_offsets_s)"),
+    Column("finish_reason", REQUESTS, "text", "The server's finish_reason (stop, length, ...)."),
+    Column("chunk_offsets_s", REQUESTS, "s", "Arrival offset of each token-carrying chunk, from the send stamp.",
+           "list, one per chunk"),
+    Column("chunk_tokens", REQUESTS, "tokens", "Output tokens each chunk carried.", "list, one per chunk; ITL "
+           "samples: chunk i >= 1 with k tokens after gap g gives k samples of g / k", metric="itl_s"),
+    Column("dataset", REQUESTS, "text", "The --dataset spec the prompt came from, e.g. synthetic:128."),
+    Column("max_tokens", REQUESTS, "tokens", "The max_tokens the request asked for (--max-tokens or "
+           "--max-tokens-dist)."),
+    Column("reference_output_tokens", REQUESTS, "tokens", "The dataset's own answer length (sharegpt); else none."),
+    Column("intended_start_time", REQUESTS, "s", "Open loop: when the arrival schedule meant it to be sent; none in "
+           "a closed loop.", "Unix time", metric="intended_start_time", live=True),
+    Column("schedule_lag_s", REQUESTS, "s", "Open loop: how late it was sent; none in a closed loop.",
+           "start_time - intended_start_time", metric="schedule_lag_s", live=True),
+]  # fmt: skip
+
+# The web UI's LLM tab only: the row's scope and the server's gauges from the latest scrape.
+_LIVE_COLUMNS = [
+    Column("scope", LIVE, "text", "Which row: the current (or last) step, or the whole run so far.", label="Scope",
+           fmt="text"),
+    Column("kv_cache_usage", LIVE, "fraction", "KV-cache usage in the latest scrape.", "vllm:kv_cache_usage_perc",
+           label="KV cache (latest)", fmt="pct0", metric="kv_cache_usage"),
+    Column("running", LIVE, "requests", "Requests in vLLM's running batch in the latest scrape.",
+           "vllm:num_requests_running", label="Running (latest)", fmt="int", metric="running"),
+    Column("waiting", LIVE, "requests", "Requests waiting for admission in the latest scrape.",
+           "vllm:num_requests_waiting", label="Waiting (latest)", fmt="int", metric="waiting"),
+]  # fmt: skip
+
+COLUMNS: dict[tuple[str, str], Column] = {
+    (c.section, c.name): c
+    for c in _STEP_COLUMNS
+    + _SERVER_COLUMNS
+    + _GENERATOR_COLUMNS
+    + _OPEN_LOOP_COLUMNS
+    + _REQUEST_COLUMNS
+    + _LIVE_COLUMNS
+}
+# One column per name in the step table (steps.csv and the web UI's row): the requests' columns may share a name.
+STEP_TABLE: dict[str, Column] = {
+    c.name: c for c in COLUMNS.values() if c.section in (STEP, SERVER, GENERATOR, OPEN_LOOP, LIVE)
+}
+
+# The web UI's LLM tab, in the order shown.
+WEB_UI = [
+    "scope", "step", "users", "rate_rps", "requests", "errors", "aggregate_tok_s", "per_request_tok_s_mean",
+    "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "tpot_p95_s", "schedule_lag_p99_s",
+    "kv_cache_usage", "running", "waiting",
+]  # fmt: skip
+
+
+def columns(section: str) -> list[Column]:
+    """The columns of one section, in the order they are written."""
+    return [c for c in COLUMNS.values() if c.section == section]
+
+
+def names(section: str) -> list[str]:
+    """The column names of one section, in the order they are written."""
+    return [c.name for c in columns(section)]
+
+
+def web_columns() -> list[Column]:
+    """The web UI's columns, in the order shown."""
+    return [STEP_TABLE[name] for name in WEB_UI]
+
+
+def step_values(data: StepData) -> dict:
+    """The computed core columns of one row (all but step and users): each column's own function."""
+    return {c.name: c.compute(data) for c in columns(STEP) if c.compute is not None}
+
+
+# --- the console's tables ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Section:
+    """A console table: its title line, the columns repeated at its left, and its columns when their order there
+    is not the written order (a column of another section is headed by its label there)."""
+
+    key: str
+    title: str
+    lead: tuple[str, ...] = ()
+    console: tuple[str, ...] | None = None
+
+    def shown(self) -> list[tuple[Column, str]]:
+        """(column, header) of its console table."""
+        if self.console is None:
+            cols = [STEP_TABLE[n] for n in self.lead] + [c for c in columns(self.key) if c.header]
+        else:
+            cols = [STEP_TABLE[n] for n in self.lead + self.console]
+        return [(c, c.header if c.section == self.key or c.name in self.lead else c.label) for c in cols]
+
+
+SECTIONS = {
+    STEP: Section(STEP, "Batching curve (latencies in ms; TTFT/TPOT/ITL exact percentiles of raw records)"),
+    SERVER: Section(SERVER, "Server (vLLM /metrics over each step's measured window; times in ms)", ("step", "users")),
+    GENERATOR: Section(
+        GENERATOR,
+        "Load generator (self-checks over each step's measured window; lag in ms; BOUND: lag p99 over "
+        f"{LAG_BOUND_S * 1000:.0f} ms or a process over {CPU_BOUND:.0%} CPU)",
+        ("step", "users"),
+        (
+            "users_achieved_mean",
+            "generator_processes",
+            "generator_lag_p50_s",
+            "generator_lag_p99_s",
+            "generator_lag_max_s",
+            "generator_cpu_max",
+            "generator_bound",
+        ),
+    ),
+    OPEN_LOOP: Section(
+        OPEN_LOOP,
+        "Open loop (times in ms; lag = actual - intended send time; @intended: latency + lag; BEHIND: lag p99 over "
+        f"min({LAG_CEILING_S * 1000:.0f} ms, max({LAG_FLOOR_S * 1000:.0f} ms, {LAG_SHARE:.0%} of 1/rate)))",
+        ("step",),
+        (
+            "rate_rps",
+            "achieved_rps",
+            "schedule_lag_p50_s",
+            "schedule_lag_p99_s",
+            "schedule_lag_max_s",
+            "ttft_p99_s",
+            "ttft_intended_p50_s",
+            "ttft_intended_p99_s",
+            "e2e_mean_s",
+            "e2e_intended_mean_s",
+            "schedule_behind",
+        ),
+    ),
+}
+
+
+def aligned(rows: list[list[str]]) -> list[str]:
+    """Rows of cells right-aligned in columns two spaces apart (the first row is the header)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+
+
+def console_rows(table: pd.DataFrame, section: str) -> list[list[str]]:
+    """A section's console table as cells: the header row, then one row per step (a column the table lacks: -)."""
+    shown = SECTIONS[section].shown()
+    rows = [[header for _, header in shown]]
+    for r in table.to_dict(orient="records"):
+        rows.append([c.show(r.get(c.name)) for c, _ in shown])
+    return rows
+
+
+def console_table(table: pd.DataFrame, section: str) -> list[str]:
+    """A section's console table: its title line, its header and one line per step."""
+    return [SECTIONS[section].title, *aligned(console_rows(table, section))]
+
+
+# --- docs/metrics.md -----------------------------------------------------------------------------------------
+
+DOCS_FILE = "docs/metrics.md"
+DOCS_COMMAND = f"python -m analysis glossary --write {DOCS_FILE}"
+_DOCS_SECTIONS = [
+    (STEP, "steps.csv: the step table", "One row per load step, from requests.parquet (`analysis/steps.py`); on "
+     "the console as the \"Batching curve\"."),
+    (SERVER, "steps.csv: the server", "vLLM's Prometheus series over each step's measured window "
+     "(`analysis/server_metrics.py`); empty without `--metrics-url` scrapes."),
+    (GENERATOR, "steps.csv: the load generator", "The load generator's self-checks (`generator.parquet`) over each "
+     "step's measured window (`analysis/generator.py`)."),
+    (OPEN_LOOP, "steps.csv: open loop", "Open-loop runs (`--rates`), last in steps.csv; empty in a closed loop but "
+     "achieved_rps (`analysis/schedule.py`)."),
+    (REQUESTS, "requests.parquet", "One row per request, written as each finishes (`analysis/records.py`)."),
+    (LIVE, "The web UI's LLM tab only", "Written nowhere: the row's scope and the server's latest gauges."),
+]  # fmt: skip
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _shown_as(c: Column) -> str:
+    kind, digits = _FORMAT.match(c.fmt).groups()
+    return FORMAT_WORDS[kind].format(d=int(digits or 0), flag=c.flag)
+
+
+def docs_markdown() -> str:
+    """docs/metrics.md: the metric definitions, then every column of every table, from this module."""
+    out = [
+        "# Metrics and columns",
+        "",
+        f"Generated from `analysis/glossary.py`; do not edit by hand: regenerate with `{DOCS_COMMAND}`.",
+        "Times are seconds unless a column says otherwise; missing values are empty (NaN / null), never 0.",
+        "",
+        "## Metrics",
+        "",
+        markdown_table(),
+    ]
+    for section, heading, intro in _DOCS_SECTIONS:
+        out += ["", f"## {heading}", "", intro, ""]
+        if section == REQUESTS:
+            out += ["| column | unit | meaning | formula | metric |", "|---|---|---|---|---|"]
+            out += [
+                f"| `{c.name}` | {c.unit} | {_cell(c.meaning)} | {_cell(c.formula)} | "
+                f"{f'`{c.metric}`' if c.metric else ''} |"
+                for c in columns(section)
+            ]
+            continue
+        out += [
+            "| column | unit | title (shown as) | console header | meaning | formula | metric |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        out += [
+            f"| `{c.name}` | {c.unit} | {_cell(c.title)} ({_shown_as(c)}) | {_cell(c.header or '')} | "
+            f"{_cell(c.meaning)} | {_cell(c.formula)} | {f'`{c.metric}`' if c.metric else ''} |"
+            for c in columns(section)
+        ]
+    out += ["", "The web UI's LLM tab shows, in this order: " + ", ".join(f"`{n}`" for n in WEB_UI) + "."]
+    return "\n".join(out) + "\n"

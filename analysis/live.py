@@ -11,25 +11,12 @@ import math
 import orjson
 import pandas as pd
 
+from analysis import glossary
 from analysis.steps import run_row, step_table
 
-# What the live table needs of a record; the per-chunk lists stay on disk (ITL is in the final report only).
-FIELDS = (
-    "request_id",
-    "step",
-    "users",
-    "warmup",
-    "start_time",
-    "status",
-    "error_type",
-    "duration_s",
-    "ttft_s",
-    "e2e_s",
-    "tpot_s",
-    "output_tokens",
-    "intended_start_time",
-    "schedule_lag_s",
-)
+# What the live table needs of a record (the glossary's request columns marked live); the per-chunk lists stay on
+# disk (ITL is in the final report only).
+FIELDS = tuple(c.name for c in glossary.columns(glossary.REQUESTS) if c.live)
 
 
 class LiveRecords:

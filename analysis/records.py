@@ -103,6 +103,14 @@ _BLOCK_SIZE = 16 << 20
 _PARSE_OPTIONS = pa_json.ParseOptions(explicit_schema=SCHEMA, unexpected_field_behavior="ignore")
 
 
+def single_model(records: pd.DataFrame) -> str | None:
+    """The model every record asked for, or None when there are several (or none, or no model column)."""
+    if "model" not in records.columns:
+        return None
+    models = records["model"].dropna().unique()
+    return str(models[0]) if len(models) == 1 else None
+
+
 class RecordWriter:
     """Appends records to one JSON-lines file; each record reaches the OS before `write` returns."""
 

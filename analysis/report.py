@@ -20,7 +20,7 @@ from plotly.subplots import make_subplots
 from analysis import __version__ as SUITE_VERSION
 from analysis.diagnosis import diagnose, utc, worker_lines
 from analysis.generator import ADVICE, CPU_BOUND, LAG_BOUND_S, bound_steps, flagged, load_generator
-from analysis.glossary import GLOSSARY
+from analysis.glossary import GLOSSARY, STEP_TABLE, Column, format_value
 from analysis.integrity import integrity
 from analysis.records import REQUEST_COLUMNS, load_records
 from analysis.run import STEPS_FILE, efficiency_ceiling, read_run, slo_gate, write_summary_md
@@ -398,23 +398,31 @@ def _workload_html(run: dict, table: pd.DataFrame) -> str:
     return "<h2>Workload</h2><ul>" + "".join(f"<li>{html.escape(t)}</li>" for t in items) + "</ul>"
 
 
+def _step_cell(column: Column | None, value: object) -> str:
+    if column is not None:
+        return column.show(value)
+    return format_value(value, "g" if isinstance(value, float) else "text")
+
+
 def _table_html(table: pd.DataFrame) -> str:
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
-    rows = []
-    bound = table["generator_bound"].map(flagged) if "generator_bound" in table.columns else [False] * len(table)
-    behind = (
-        table["schedule_behind"].map(schedule_flagged) if "schedule_behind" in table.columns else [False] * len(table)
+    """The per-step table under the glossary's titles and in its formats (latencies in ms, fractions in %); a step
+    flagged generator-bound or behind schedule is highlighted. A column the glossary does not know keeps its name."""
+    shown = [(name, STEP_TABLE.get(name)) for name in table.columns]
+    head = "".join(
+        f"<th title='{html.escape(c.meaning if c else str(name))}'>{html.escape(c.title if c else str(name))}</th>"
+        for name, c in shown
     )
-    for r, is_bound, is_behind in zip(table.itertuples(index=False), bound, behind):
-        cells = "".join(
-            f"<td>{'' if pd.isna(v) else html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}</td>" for v in r
-        )
-        why = [w for w, on in (("generator-bound", is_bound), ("behind schedule", is_behind)) if on]
-        style = f" style='background:#fdd' title='{', '.join(why)}'" if why else ""
-        rows.append(f"<tr{style}>{cells}</tr>")
-    # ~40 columns: the table scrolls inside its own box instead of widening the page past the charts.
+    rows = []
+    for r in table.to_dict(orient="records"):
+        cells = "".join(f"<td>{html.escape(_step_cell(c, r[name]))}</td>" for name, c in shown)
+        why = [w for w, on in (("generator-bound", flagged(r.get("generator_bound"))),
+                               ("behind schedule", schedule_flagged(r.get("schedule_behind")))) if on]  # fmt: skip
+        flag = f" class='flagged' title='{', '.join(why)}'" if why else ""
+        rows.append(f"<tr{flag}>{cells}</tr>")
+    # ~60 columns: the table scrolls sideways inside its own box (the step column stays in view) instead of running
+    # past the page's edge.
     return (
-        f"<div style='overflow-x:auto'><table><thead><tr>{head}</tr></thead>"
+        f"<div class='scroll'><table class='steps'><thead><tr>{head}</tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table></div>"
     )
 
@@ -522,7 +530,10 @@ def build_report(
         "<!doctype html><html><head><meta charset='utf-8'><title>vllm-loadtest report</title>",
         f"<script type='text/javascript'>{get_plotlyjs()}</script>",
         "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"
-        "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>",
+        "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
+        ".scroll{overflow-x:auto;max-width:100%}.steps td,.steps th{white-space:nowrap;background:#fff}"
+        ".steps td:first-child,.steps th:first-child{position:sticky;left:0}"
+        ".steps tr.flagged td{background:#fdd}</style></head><body>",
         f"<h1>vllm-loadtest report: {html.escape(run_dir.name)}</h1>",
         "<h2>Diagnosis</h2><ul>"
         + "".join(

@@ -12,40 +12,17 @@ import math
 import random
 from collections.abc import Iterator
 
-import numpy as np
 import pandas as pd
 
-from analysis.generator import CPU_BOUND
+from analysis import glossary
+from analysis.glossary import flagged, mean, percentile  # noqa: F401 (flagged: re-exported)
+from analysis.thresholds import CPU_BOUND, LAG_CEILING_S, LAG_FLOOR_S, LAG_SHARE
 
 ARRIVALS = ("poisson", "constant")
 DEFAULT_ARRIVAL = "poisson"
 
-# The verdict "behind schedule": the step's schedule lag p99 over lag_bound_s(rate) =
-# min(LAG_CEILING_S, max(LAG_FLOOR_S, LAG_SHARE / rate)).
-# - 10 % of the mean time between two arrivals: a request that is later than that no longer arrives where the
-#   arrival process put it (requests bunch up), so the server is not offered the intended pattern.
-# - Never below 5 ms: the lag holds gevent's timer resolution (libev waits in whole milliseconds: a wait ends
-#   0-1 ms late), the event loop's own jitter (p99 up to the 2 ms generator-bound limit), Locust's task dispatch and
-#   the connect made before the send stamp (~0.1-1 ms on loopback): 1-3 ms at p50 in runs against the fake server.
-#   A higher rate must not flag on those.
-# - Never above 50 ms: a lag that large is of the order of a TTFT, whatever the rate; it hides server latency.
-LAG_SHARE = 0.10
-LAG_FLOOR_S = 0.005
-LAG_CEILING_S = 0.05
-
-OPEN_LOOP_COLUMNS = [
-    "rate_rps",
-    "achieved_rps",
-    "schedule_lag_p50_s",
-    "schedule_lag_p99_s",
-    "schedule_lag_max_s",
-    "ttft_intended_p50_s",
-    "ttft_intended_p95_s",
-    "ttft_intended_p99_s",
-    "ttft_intended_mean_s",
-    "e2e_intended_mean_s",
-    "schedule_behind",
-]
+# The open-loop columns of steps.csv, in order; the verdict's bounds are in analysis/thresholds.py.
+OPEN_LOOP_COLUMNS = glossary.names(glossary.OPEN_LOOP)
 
 
 def parse_rates(text: str) -> list[float]:
@@ -101,17 +78,6 @@ def is_rate_run(table: pd.DataFrame) -> bool:
     return "rate_rps" in table.columns and len(table) > 0 and bool(table["rate_rps"].notna().all())
 
 
-def _pct(values: pd.Series, q: float) -> float:
-    arr = values.to_numpy(dtype=float)
-    arr = arr[~np.isnan(arr)]
-    return float(np.percentile(arr, q)) if arr.size else math.nan
-
-
-def _mean(values: pd.Series) -> float:
-    values = values.dropna()
-    return float(values.mean()) if len(values) else math.nan
-
-
 def open_loop_columns(sent: pd.DataFrame, ok: pd.DataFrame, sent_in_window: int, window_s: float, rate) -> dict:
     """One row's open-loop columns: `sent` = the step's requests after its warm-up (any outcome), `ok` = its ok
     requests, `sent_in_window` = requests whose send stamp lies in the measured window."""
@@ -121,25 +87,20 @@ def open_loop_columns(sent: pd.DataFrame, ok: pd.DataFrame, sent_in_window: int,
     ok_lag = ok["schedule_lag_s"].astype(float) if has_lag else pd.Series(math.nan, index=ok.index)
     ttft_intended = ok["ttft_s"].astype(float) + ok_lag
     e2e_intended = ok["e2e_s"].astype(float) + ok_lag
-    lag_p99 = _pct(lag, 99)
+    lag_p99 = percentile(lag, 99)
     return {
         "rate_rps": math.nan if rate is None else rate,
         "achieved_rps": sent_in_window / window_s if window_s > 0 and math.isfinite(window_s) else math.nan,
-        "schedule_lag_p50_s": _pct(lag, 50),
+        "schedule_lag_p50_s": percentile(lag, 50),
         "schedule_lag_p99_s": lag_p99,
         "schedule_lag_max_s": float(lag.max()) if lag.notna().any() else math.nan,
-        "ttft_intended_p50_s": _pct(ttft_intended, 50),
-        "ttft_intended_p95_s": _pct(ttft_intended, 95),
-        "ttft_intended_p99_s": _pct(ttft_intended, 99),
-        "ttft_intended_mean_s": _mean(ttft_intended),
-        "e2e_intended_mean_s": _mean(e2e_intended),
+        "ttft_intended_p50_s": percentile(ttft_intended, 50),
+        "ttft_intended_p95_s": percentile(ttft_intended, 95),
+        "ttft_intended_p99_s": percentile(ttft_intended, 99),
+        "ttft_intended_mean_s": mean(ttft_intended),
+        "e2e_intended_mean_s": mean(e2e_intended),
         "schedule_behind": is_behind(lag_p99, rate),
     }
-
-
-def flagged(value) -> bool:
-    """True only for a step flagged behind schedule (False, None and NaN are not)."""
-    return value is not None and not pd.isna(value) and bool(value)
 
 
 def rate_label(rate: float) -> str:
@@ -151,38 +112,7 @@ def format_open_loop(table: pd.DataFrame) -> list[str]:
     actual and from the intended send time, the verdict; [] for a closed-loop run."""
     if not is_rate_run(table):
         return []
-    ms = lambda v: "-" if pd.isna(v) else f"{v * 1000:.1f}"  # noqa: E731
-    head = [
-        "step", "rate req/s", "achieved", "lag p50", "p99", "max", "TTFT p99", "TTFT@intended p50", "p99",
-        "E2E mean", "E2E@intended mean", "schedule",
-    ]  # fmt: skip
-    rows = [
-        [
-            str(r.step),
-            f"{r.rate_rps:g}",
-            "-" if pd.isna(r.achieved_rps) else f"{r.achieved_rps:.2f}",
-            ms(r.schedule_lag_p50_s),
-            ms(r.schedule_lag_p99_s),
-            ms(r.schedule_lag_max_s),
-            ms(r.ttft_p99_s),
-            ms(r.ttft_intended_p50_s),
-            ms(r.ttft_intended_p99_s),
-            ms(r.e2e_mean_s),
-            ms(r.e2e_intended_mean_s),
-            "-"
-            if r.schedule_behind is None or pd.isna(r.schedule_behind)
-            else ("BEHIND" if r.schedule_behind else "ok"),
-        ]
-        for r in table.itertuples(index=False)
-    ]
-    w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    out = [
-        "",
-        "Open loop (times in ms; lag = actual - intended send time; @intended: latency + lag; BEHIND: lag p99 over "
-        f"min({LAG_CEILING_S * 1000:.0f} ms, max({LAG_FLOOR_S * 1000:.0f} ms, {LAG_SHARE:.0%} of 1/rate)))",
-    ]
-    out += ["  ".join(c.rjust(x) for c, x in zip(cells, w)) for cells in [head, *rows]]
-    return out
+    return ["", *glossary.console_table(table, glossary.OPEN_LOOP)]
 
 
 def _ms(v) -> str:

@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from analysis import glossary
 from analysis.prometheus_text import ALIASES, SCRAPES_FILE, parse_samples, scrape_line  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
@@ -37,25 +38,7 @@ TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
 QUEUE_HISTOGRAM = "vllm:request_queue_time_seconds"
 CACHE_CONFIG = "vllm:cache_config_info"
 
-SERVER_COLUMNS = [
-    "kv_cache_usage_mean",
-    "kv_cache_usage_max",
-    "running_mean",
-    "running_max",
-    "waiting_mean",
-    "waiting_max",
-    "waiting_capacity_max",
-    "waiting_deferred_max",
-    "preemptions",
-    "prefix_cache_hit_rate",
-    "server_ttft_mean_s",
-    "server_ttft_p50_s",
-    "server_ttft_p99_s",
-    "server_queue_time_mean_s",
-    "server_queue_time_p50_s",
-    "server_queue_time_p99_s",
-    "ttft_gap_mean_s",
-]
+SERVER_COLUMNS = glossary.names(glossary.SERVER)  # steps.csv's server columns, in order
 
 SCHEMA = pa.schema(
     [("timestamp", pa.float64()), ("metric", pa.string()), ("labels", pa.string()), ("value", pa.float64())]

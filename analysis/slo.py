@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.steps import _split, itl_samples, percentile
+from analysis.glossary import percentile
+from analysis.steps import itl_samples, measured_masks
 
 METRICS = ("ttft", "tpot", "itl", "e2e")
 STATISTICS = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "mean": None}
@@ -108,7 +109,7 @@ def judge_steps(records: pd.DataFrame, timeline: list[dict], objectives: list[Ob
     goodput = ok requests meeting every per-request objective / measured requests (ok + failed); a one-token
     answer has no TPOT and is judged on the rest.
     """
-    measured, cut, _stop = _split(records, timeline)
+    measured, cut, _stop = measured_masks(records, timeline)
     rows = []
     for step in timeline:
         s = int(step["step"])

@@ -7,52 +7,18 @@ numpy's default), never Locust's rounded response-time buckets. Missing data sta
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
 from analysis import glossary
-from analysis.generator import flagged, format_generator
+from analysis.generator import format_generator
+from analysis.glossary import StepData, flagged, percentile  # noqa: F401 (percentile: re-exported)
 from analysis.schedule import OPEN_LOOP_COLUMNS, format_open_loop, open_loop_columns
 from analysis.sse import CUT_OFF
 
-# Column order of steps.csv; metric parts of the names come from the glossary.
-STEP_COLUMNS = [
-    "step",
-    "users",
-    "window_s",
-    "requests",
-    "errors",
-    "cut_off",
-    "output_tokens",
-    "aggregate_tok_s",
-    "per_request_tok_s_mean",
-    "ttft_p50_s",
-    "ttft_p95_s",
-    "ttft_p99_s",
-    "ttft_mean_s",
-    "tpot_p50_s",
-    "tpot_p95_s",
-    "tpot_p99_s",
-    "itl_p50_s",
-    "itl_p99_s",
-    "e2e_mean_s",
-]
-
-
-def percentile(values: Sequence[float] | np.ndarray, q: float) -> float:
-    """q-th percentile (0-100) of the raw values, linear interpolation; NaN when there are none."""
-    arr = np.asarray(values, dtype=float)
-    arr = arr[~np.isnan(arr)]
-    if arr.size == 0:
-        return math.nan
-    return float(np.percentile(arr, q))
-
-
-def _mean(values: pd.Series) -> float:
-    values = values.dropna()
-    return float(values.mean()) if len(values) else math.nan
+# Column order of steps.csv's core columns, from the glossary (which computes them too).
+STEP_COLUMNS = glossary.names(glossary.STEP)
 
 
 def timeline_from_records(records: pd.DataFrame) -> list[dict]:
@@ -102,32 +68,10 @@ def itl_samples(ok: pd.DataFrame) -> np.ndarray:
 
 def _summarize(ok: pd.DataFrame, errors: int, cut_off: int, tokens: int, window_s: float) -> dict:
     """The measured columns of one row, from its ok requests and the tokens completed in its window."""
-    itl = itl_samples(ok)
-    per_req = [glossary.per_request_tok_s(n, e) for n, e in zip(ok["output_tokens"], ok["e2e_s"])]
-    agg = glossary.aggregate_tok_s(tokens, window_s)
-    tpot = ok["tpot_s"].astype(float)
-    return {
-        "window_s": window_s,
-        "requests": len(ok),
-        "errors": errors,
-        "cut_off": cut_off,
-        "output_tokens": tokens,
-        "aggregate_tok_s": math.nan if agg is None else agg,
-        "per_request_tok_s_mean": _mean(pd.Series(per_req, dtype=float)),
-        "ttft_p50_s": percentile(ok["ttft_s"], 50),
-        "ttft_p95_s": percentile(ok["ttft_s"], 95),
-        "ttft_p99_s": percentile(ok["ttft_s"], 99),
-        "ttft_mean_s": _mean(ok["ttft_s"]),
-        "tpot_p50_s": percentile(tpot, 50),
-        "tpot_p95_s": percentile(tpot, 95),
-        "tpot_p99_s": percentile(tpot, 99),
-        "itl_p50_s": percentile(itl, 50),
-        "itl_p99_s": percentile(itl, 99),
-        "e2e_mean_s": _mean(ok["e2e_s"]),
-    }
+    return glossary.step_values(StepData(ok, errors, cut_off, tokens, window_s, itl_samples(ok)))
 
 
-def _split(records: pd.DataFrame, timeline: list[dict]) -> tuple[pd.Series, pd.Series, float]:
+def measured_masks(records: pd.DataFrame, timeline: list[dict]) -> tuple[pd.Series, pd.Series, float]:
     """(measured: started after its step's warm-up, in flight when the load generator began to stop, stop time)."""
     # Requests still in flight when the load generator began to stop are not measured: the stop itself
     # blocks Locust's event loop (for ~90 ms in Locust 2.47), which would delay their last timestamps.
@@ -143,7 +87,7 @@ def step_table(records: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
     if not timeline:
         timeline = timeline_from_records(records)
     end_time = records["start_time"] + records["e2e_s"]
-    measured, cut, stop_time = _split(records, timeline)
+    measured, cut, stop_time = measured_masks(records, timeline)
     rows = []
     for step in timeline:
         s = int(step["step"])
@@ -164,7 +108,7 @@ def step_table(records: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
 
 def run_row(records: pd.DataFrame, timeline: list[dict]) -> dict:
     """The whole run as one row: every step's measured requests, tok/s over the sum of the measured windows."""
-    measured, cut, stop_time = _split(records, timeline)
+    measured, cut, stop_time = measured_masks(records, timeline)
     end_time = records["start_time"] + records["e2e_s"]
     ok = records[measured & (records["status"] == "ok") & ~cut]
     errors = int((measured & (records["status"] != "ok") & ~cut).sum())
@@ -181,97 +125,16 @@ def run_row(records: pd.DataFrame, timeline: list[dict]) -> dict:
 
 def format_table(table: pd.DataFrame) -> str:
     """The batching curve for the console: latencies in ms, throughput in tokens/s, missing values as '-'."""
-    ms = lambda v: "-" if pd.isna(v) else f"{v * 1000:.1f}"  # noqa: E731
-    num = lambda v: "-" if pd.isna(v) else f"{v:.1f}"  # noqa: E731
-    header = [
-        "step",
-        "users",
-        "reqs",
-        "errors",
-        "cut_off",
-        "agg tok/s",
-        "req tok/s",
-        "TTFT p50",
-        "p95",
-        "p99",
-        "TPOT p50",
-        "p95",
-        "p99",
-        "ITL p50",
-        "p99",
-        "E2E mean",
-    ]
-    body = []
-    for r in table.itertuples(index=False):
-        body.append(
-            [
-                str(r.step),
-                str(r.users),
-                str(r.requests),
-                str(r.errors),
-                str(r.cut_off),
-                num(r.aggregate_tok_s),
-                num(r.per_request_tok_s_mean),
-                ms(r.ttft_p50_s),
-                ms(r.ttft_p95_s),
-                ms(r.ttft_p99_s),
-                ms(r.tpot_p50_s),
-                ms(r.tpot_p95_s),
-                ms(r.tpot_p99_s),
-                ms(r.itl_p50_s),
-                ms(r.itl_p99_s),
-                ms(r.e2e_mean_s),
-            ]
-        )
+    rows = glossary.console_rows(table, glossary.STEP)
     if "generator_bound" in table.columns and table["generator_bound"].map(flagged).any():
         # Marked where the numbers are read: a flagged step's latencies are the client's lateness, not the server's.
-        header.append("generator")
-        for row, bound in zip(body, table["generator_bound"]):
-            row.append("BOUND" if flagged(bound) else "")
-    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(header)]
-    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
-    out = ["Batching curve (latencies in ms; TTFT/TPOT/ITL exact percentiles of raw records)", line(header)]
-    out += [line(row) for row in body]
+        bound = glossary.STEP_TABLE["generator_bound"]
+        rows[0].append(bound.header)
+        for row, value in zip(rows[1:], table["generator_bound"]):
+            row.append(bound.flag if flagged(value) else "")
+    out = [glossary.SECTIONS[glossary.STEP].title, *glossary.aligned(rows)]
     if "kv_cache_usage_max" in table.columns and table["kv_cache_usage_max"].notna().any():
-        out += ["", "Server (vLLM /metrics over each step's measured window; times in ms)"]
-        head = [
-            "step",
-            "users",
-            "KV cache mean",
-            "max",
-            "running mean",
-            "max",
-            "waiting mean",
-            "max",
-            "preemptions",
-            "prefix hits",
-            "server TTFT mean",
-            "p99",
-            "queue mean",
-            "TTFT gap",
-        ]
-        pct = lambda v: "-" if pd.isna(v) else f"{v * 100:.0f}%"  # noqa: E731
-        rows = [
-            [
-                str(r.step),
-                str(r.users),
-                pct(r.kv_cache_usage_mean),
-                pct(r.kv_cache_usage_max),
-                num(r.running_mean),
-                num(r.running_max),
-                num(r.waiting_mean),
-                num(r.waiting_max),
-                "-" if pd.isna(r.preemptions) else f"{r.preemptions:.0f}",
-                pct(r.prefix_cache_hit_rate),
-                ms(r.server_ttft_mean_s),
-                ms(r.server_ttft_p99_s),
-                ms(r.server_queue_time_mean_s),
-                ms(r.ttft_gap_mean_s),
-            ]
-            for r in table.itertuples(index=False)
-        ]
-        w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-        out += ["  ".join(c.rjust(x) for c, x in zip(cells, w)) for cells in [head, *rows]]
+        out += ["", *glossary.console_table(table, glossary.SERVER)]
     out += format_generator(table)
     out += format_open_loop(table)
     return "\n".join(out)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from flask import Response, request
 
+from analysis import glossary
 from analysis.live import latest_gauges, live_table
 
 if TYPE_CHECKING:
@@ -28,63 +28,17 @@ logger = logging.getLogger("vllm_loadtest.webui")
 TAB = "llm"
 REFRESH_MIN_S = 1.0  # the live table is recomputed at most this often, however many browsers poll
 
-COLUMNS = [
-    ("scope", "Scope"),
-    ("step", "Step"),
-    ("users", "Users"),
-    ("rate_rps", "Rate (req/s)"),  # open loop (--rates) only, like the schedule lag
-    ("requests", "Requests ok"),
-    ("errors", "Errors"),
-    ("aggregate_tok_s", "Aggregate tok/s"),
-    ("per_request_tok_s", "Per-request tok/s"),
-    ("ttft_p50_ms", "TTFT p50 (ms)"),
-    ("ttft_p95_ms", "TTFT p95 (ms)"),
-    ("ttft_p99_ms", "TTFT p99 (ms)"),
-    ("tpot_p50_ms", "TPOT p50 (ms)"),
-    ("tpot_p95_ms", "TPOT p95 (ms)"),
-    ("schedule_lag_p99_ms", "Schedule lag p99 (ms)"),
-    ("kv_cache_usage", "KV cache (latest)"),
-    ("running", "Running (latest)"),
-    ("waiting", "Waiting (latest)"),
-]
+# (row key, title) of the tab's columns, from the glossary: its web UI list, titles and formats (latencies in ms).
+COLUMNS = [(c.key, c.title) for c in glossary.web_columns()]
 
 
 MASK = "********"
 
 
-def _int(v) -> str:
-    try:
-        return str(int(v))
-    except (TypeError, ValueError):
-        return "-" if v is None else str(v)
-
-
-def _num(v, scale: float = 1.0, digits: int = 1) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"  # missing, never 0
-    return f"{v * scale:.{digits}f}"
-
-
 def _row(scope: str, stats: dict, gauges: dict) -> dict:
-    return {
-        "scope": scope,
-        "step": _int(stats.get("step")),
-        "users": _int(stats.get("users")),
-        "rate_rps": _num(stats.get("rate_rps"), digits=2),
-        "requests": _int(stats.get("requests")),
-        "errors": _int(stats.get("errors")),
-        "aggregate_tok_s": _num(stats.get("aggregate_tok_s")),
-        "per_request_tok_s": _num(stats.get("per_request_tok_s_mean")),
-        "ttft_p50_ms": _num(stats.get("ttft_p50_s"), 1000),
-        "ttft_p95_ms": _num(stats.get("ttft_p95_s"), 1000),
-        "ttft_p99_ms": _num(stats.get("ttft_p99_s"), 1000),
-        "tpot_p50_ms": _num(stats.get("tpot_p50_s"), 1000, 2),
-        "tpot_p95_ms": _num(stats.get("tpot_p95_s"), 1000, 2),
-        "schedule_lag_p99_ms": _num(stats.get("schedule_lag_p99_s"), 1000),
-        "kv_cache_usage": "-" if math.isnan(gauges["kv_cache_usage"]) else f"{gauges['kv_cache_usage']:.0%}",
-        "running": _num(gauges["running"], digits=0),
-        "waiting": _num(gauges["waiting"], digits=0),
-    }
+    """One row of the tab: the step table's values (`stats`) and the server's latest gauges, formatted as text."""
+    values = {**stats, **gauges, "scope": scope}
+    return {c.key: c.show(values.get(c.name), web=True) for c in glossary.web_columns()}
 
 
 class LLMTab:
