@@ -337,9 +337,9 @@ LIVE = "live"  # the web UI's LLM tab only: the server's latest gauges and the r
 # ok when false, text = as is. Missing values always show as "-", never 0.
 _FORMAT = re.compile(r"^(ms|pct|num|int|g|flag|text)(\d*)$")
 FORMAT_WORDS = {
-    "ms": "ms, {d} decimal(s)",
-    "pct": "%",
-    "num": "{d} decimal(s)",
+    "ms": "ms, {d} decimal{s}",
+    "pct": "% (whole)",
+    "num": "{d} decimal{s}",
     "int": "integer",
     "g": "shortest exact",
     "flag": "{flag} / ok",
@@ -456,7 +456,7 @@ def _percentiles(
         Column(
             f"{metric}_p{q}_s", STEP, "s",
             f"{q}th percentile of {metric}_s over {over}.",
-            f"percentile({metric}_s, {q}), exact, linear interpolation between closest ranks",
+            f"percentile({metric}_s, {q})",
             label=f"{label} p{q}", header=f"{label} p{q}" if i == 0 else f"p{q}", fmt="ms1",
             web_fmt="ms2" if metric == "tpot" else None, metric=f"{metric}_s",
             compute=lambda d, q=q: percentile(values(d), q),
@@ -465,7 +465,7 @@ def _percentiles(
     ]  # fmt: skip
 
 
-_MEASURED = "the step's measured ok requests (started after its warm-up, not cut off)"
+_MEASURED = "the step's measured ok requests"
 
 # steps.csv, core: one row per step, computed from requests.parquet (analysis/steps.py).
 _STEP_COLUMNS = [
@@ -475,7 +475,7 @@ _STEP_COLUMNS = [
            label="Users", header="users", fmt="int"),
     Column("window_s", STEP, "s", "Length of the step's measured window, from the end of its warm-up to its end.",
            "end_time - measure_start", label="Window", fmt="num2", compute=lambda d: d.window_s),
-    Column("requests", STEP, "requests", f"Ok requests measured: {_MEASURED}.", "count",
+    Column("requests", STEP, "requests", "Ok requests measured: the count of the step's measured ok requests.", "count",
            label="Requests ok", header="reqs", fmt="int", compute=lambda d: len(d.ok)),
     Column("errors", STEP, "requests", "Failed requests started after the step's warm-up, not cut off.", "count",
            label="Errors", header="errors", fmt="int", compute=lambda d: d.errors),
@@ -805,7 +805,9 @@ DOCS_FILE = "docs/metrics.md"
 DOCS_COMMAND = f"python -m analysis glossary --write {DOCS_FILE}"
 _DOCS_SECTIONS = [
     (STEP, "steps.csv: the step table", "One row per load step, from requests.parquet (`analysis/steps.py`); on "
-     "the console as the \"Batching curve\"."),
+     "the console as the \"Batching curve\". A step's measured requests are those started after its warm-up and not "
+     "in flight when the load generator began to stop (cut_off). Percentiles are exact order statistics of the raw "
+     "values (linear interpolation between closest ranks, numpy's default), never Locust's response-time buckets."),
     (SERVER, "steps.csv: the server", "vLLM's Prometheus series over each step's measured window "
      "(`analysis/server_metrics.py`); empty without `--metrics-url` scrapes."),
     (GENERATOR, "steps.csv: the load generator", "The load generator's self-checks (`generator.parquet`) over each "
@@ -821,9 +823,17 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _format_words(fmt: str, flag: str | None) -> str:
+    kind, digits = _FORMAT.match(fmt).groups()
+    d = int(digits or 0)
+    return FORMAT_WORDS[kind].format(d=d, s="" if d == 1 else "s", flag=flag)
+
+
 def _shown_as(c: Column) -> str:
-    kind, digits = _FORMAT.match(c.fmt).groups()
-    return FORMAT_WORDS[kind].format(d=int(digits or 0), flag=c.flag)
+    words = _format_words(c.fmt, c.flag)
+    if c.web_fmt and c.web_fmt != c.fmt:
+        words += f"; web UI: {_format_words(c.web_fmt, c.flag)}"
+    return words
 
 
 def docs_markdown() -> str:
@@ -832,7 +842,8 @@ def docs_markdown() -> str:
         "# Metrics and columns",
         "",
         f"Generated from `analysis/glossary.py`; do not edit by hand: regenerate with `{DOCS_COMMAND}`.",
-        "Times are seconds unless a column says otherwise; missing values are empty (NaN / null), never 0.",
+        "Times are seconds unless a column says otherwise. Missing values are empty in the files (NaN / null) and "
+        "`-` on the console, in the report and in the web UI, never 0.",
         "",
         "## Metrics",
         "",
@@ -849,11 +860,11 @@ def docs_markdown() -> str:
             ]
             continue
         out += [
-            "| column | unit | title (shown as) | console header | meaning | formula | metric |",
-            "|---|---|---|---|---|---|---|",
+            "| column | unit | title | shown as | console header | meaning | formula | metric |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         out += [
-            f"| `{c.name}` | {c.unit} | {_cell(c.title)} ({_shown_as(c)}) | {_cell(c.header or '')} | "
+            f"| `{c.name}` | {c.unit} | {_cell(c.title)} | {_shown_as(c)} | {_cell(c.header or '')} | "
             f"{_cell(c.meaning)} | {_cell(c.formula)} | {f'`{c.metric}`' if c.metric else ''} |"
             for c in columns(section)
         ]
