@@ -4,6 +4,8 @@ import pytest
 
 from analysis import glossary as g
 
+pytestmark = pytest.mark.unit
+
 
 def test_ttft_e2e_from_token_offsets():
     assert g.ttft_s([0.05, 0.06, 0.08]) == 0.05
@@ -45,7 +47,7 @@ def test_every_formula_states_its_formula_in_one_docstring_line():
 
 
 def test_readme_defines_every_glossary_metric_with_the_same_words():
-    from tests.conftest import ROOT
+    from tests.helpers.paths import ROOT
 
     readme = ROOT.joinpath("README.md").read_text(encoding="utf-8")
     for metric in g.GLOSSARY.values():

@@ -10,37 +10,14 @@ import subprocess
 import sys
 import time
 import urllib.error
-import urllib.parse
-import urllib.request
 
 import pandas as pd
+import pytest
 
-from tests.conftest import ROOT
-from tests.test_distributed import free_port
-from tests.test_headless import LOCUSTFILE
+from tests.helpers.net import free_port, get, post, wait_for
+from tests.helpers.paths import LOCUSTFILE, ROOT
 
-
-def get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return r.read()
-
-
-def post(url: str, form: dict) -> dict:
-    data = urllib.parse.urlencode(form).encode()
-    with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=10) as r:
-        return json.load(r)
-
-
-def wait_for(url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            get(url)
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+pytestmark = pytest.mark.e2e
 
 
 def llm_rows(ui: str) -> list[dict]:
