@@ -11,6 +11,7 @@ from tests.helpers.paths import ROOT
 
 pytestmark = pytest.mark.unit
 
+
 def test_gpu_vllm_service():
     vllm = load()["services"]["vllm"]
     assert vllm["image"].startswith("vllm/vllm-openai:")

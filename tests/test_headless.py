@@ -17,7 +17,7 @@ from analysis.server_metrics import SERVER_COLUMNS
 from analysis.steps import STEP_COLUMNS
 from tests.helpers.net import free_port
 from tests.helpers.paths import LOCUSTFILE, ROOT  # noqa: F401 - LOCUSTFILE: for modules that import it from here
-from tests.helpers.runs import locust, locust_command, short_run  # noqa: F401 - short_run: likewise
+from tests.helpers.runs import locust, locust_command, short_run, wait_until  # noqa: F401 - short_run: likewise
 
 pytestmark = pytest.mark.e2e
 
@@ -128,7 +128,8 @@ def test_interrupt_keeps_every_completed_request(fake_server, tmp_path, sig):
                        "--max-tokens", "20", "--run-dir", str(run_dir)),
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    time.sleep(4)
+    # Interrupted once the run is under way (a few requests per user done), whenever that is on a busy machine.
+    assert wait_until(lambda: server.get("/stats")["ok"] >= 12, timeout=60), proc.poll()
     proc.send_signal(sig)
     proc.communicate(timeout=60)
     time.sleep(0.5)  # streams the server was sending when the client died end on its side
@@ -174,8 +175,9 @@ def test_a_second_run_into_the_same_run_dir_goes_to_a_sibling(fake_server, tmp_p
 def test_options_appear_in_the_web_ui_start_form(tmp_path):
     port = free_port()
     proc = subprocess.Popen(
-        locust_command("--host", "http://127.0.0.1:9", "--web-host", "127.0.0.1", "--web-port", str(port),
-                       headless=False),
+        locust_command(
+            "--host", "http://127.0.0.1:9", "--web-host", "127.0.0.1", "--web-port", str(port), headless=False
+        ),
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

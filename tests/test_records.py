@@ -1,4 +1,3 @@
-import os
 import signal
 import subprocess
 import sys
@@ -9,11 +8,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis.records import RECORDS_DIR, REQUESTS_FILE, SCHEMA, RecordWriter, merge_records
+from tests.helpers.paths import ROOT
 from tests.helpers.records import make_record
 
 pytestmark = pytest.mark.unit
-
-
 
 
 def test_write_merge_roundtrip_with_schema_and_lists(tmp_path):
@@ -63,15 +61,15 @@ def test_a_line_cut_by_a_crash_and_duplicates_are_dropped(tmp_path):
 def test_records_survive_sigkill_of_the_writing_process(tmp_path):
     script = textwrap.dedent(f"""
         import os, signal, sys
-        sys.path.insert(0, {str(os.getcwd())!r})
-        from tests.test_records import make
+        sys.path.insert(0, {str(ROOT)!r})
+        from tests.helpers.records import make_record
         from analysis.records import RecordWriter
         w = RecordWriter({str(tmp_path / RECORDS_DIR / "k.jsonl")!r})
         for i in range(50):
             w.write(make_record(i))
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=os.getcwd())
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT)
     assert proc.returncode == -signal.SIGKILL
     assert len(merge_records(tmp_path)) == 50
 

@@ -11,8 +11,6 @@ from tests.helpers.records import TIMELINE, frame, rec
 pytestmark = pytest.mark.unit
 
 
-
-
 def test_percentile_is_exact_and_missing_is_nan():
     assert percentile([1, 2, 3, 4], 50) == 2.5
     assert percentile(list(range(101)), 99) == 99.0

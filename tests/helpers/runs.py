@@ -6,7 +6,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -48,6 +49,16 @@ def start_locust(args: list[str], log: Path) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
+    """Poll `condition` until it holds (True) or `timeout` seconds have passed (False)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True
 
 
 def kill_still_running(*procs: subprocess.Popen) -> None:
