@@ -5,7 +5,8 @@ subprocess), `e2e` (real Locust processes), `vllm` (the embedded real vLLM serve
 test carries at least one (a module's `pytestmark` or the test's own mark; `vllm` is added to any test that uses
 the `vllm_server` fixture); `unit` goes with none of the others. Collection stops with the list of tests that carry
 none, and a test that starts a Locust process without `e2e`, or Chromium without `browser`, fails.
-`serial` marks the tests that measure timing or load the machine: they never run beside others (`make test`).
+`serial` marks the tests that measure timing or load the machine: they never run beside others. `make test` runs
+only `e2e` tests under pytest-xdist (its workers are not patched for gevent: tests/helpers/monkey.py).
 """
 
 from __future__ import annotations

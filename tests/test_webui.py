@@ -31,10 +31,11 @@ def test_llm_tab_live_rows_in_a_distributed_run_match_the_final_table(fake_serve
     port = free_port()
     ui = f"http://127.0.0.1:{port}"
     run_dir = tmp_path / "run"
+    master_port = str(free_port())  # not --processes' default 5557: another run on the machine may have it
     proc = subprocess.Popen(
         [sys.executable, "-m", "locust", "-f", LOCUSTFILE, "--host", server.url, "--processes", "2",
          "--web-host", "127.0.0.1", "--web-port", str(port), "--api-key", "sk-test-SECRET-7777",
-         "--run-dir", str(run_dir)],
+         "--master-bind-port", master_port, "--master-port", master_port, "--run-dir", str(run_dir)],
         cwd=ROOT, stdout=open(tmp_path / "locust.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:

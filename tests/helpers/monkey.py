@@ -1,20 +1,19 @@
 """Gevent's patching of the standard library for the test process (Locust does it when it is imported): import this
-module before anything imports Locust, as tests/conftest.py does."""
+module before anything imports Locust, as tests/conftest.py does.
+
+A pytest-xdist worker gets no patching at all: it waits for its next test on events that a real thread sets, which
+a patched `threading` breaks (the worker blocks forever), and a half-patched process (threads left alone) hangs in
+tests that mix real threads or Playwright with gevent. `make test` gives the workers only `e2e` tests, which use
+Locust through its own processes; the tests that run Locust in this process run without -n, patched as Locust is.
+"""
 
 import os
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # A pytest-xdist worker waits for its next test on events that a real thread sets: there gevent must leave
-    # threads (and their queues) alone, or the worker blocks forever on its first wait.
-    from gevent import monkey, queue
-
-    monkey.patch_all(thread=False, queue=False)
     os.environ["LOCUST_SKIP_MONKEY_PATCH"] = "1"
     try:
         import locust
-        import urllib3
     finally:
         del os.environ["LOCUST_SKIP_MONKEY_PATCH"]  # the Locust processes the tests start patch as usual
-    urllib3.connectionpool.ConnectionPool.QueueCls = queue.LifoQueue  # what Locust's own patching also does
 else:
     import locust  # noqa: F401

@@ -16,7 +16,13 @@ from tests.helpers.paths import LOCUSTFILE, ROOT
 
 
 def locust_command(*args: str, headless: bool = True, locustfile: str = LOCUSTFILE) -> list[str]:
-    """`python -m locust -f <the suite's locustfile> [--headless] ARGS` with this interpreter."""
+    """`python -m locust -f <the suite's locustfile> [--headless] ARGS` with this interpreter; a --processes run gets
+    a master port of its own."""
+    if "--processes" in args and "--master-bind-port" not in args:
+        # Its master listens on 5557 by default: two such runs at once (pytest -n, or another checkout's tests on the
+        # same machine) would each take the other's workers.
+        port = str(free_port())
+        args = (*args, "--master-bind-port", port, "--master-port", port)
     return [sys.executable, "-m", "locust", "-f", locustfile, *(["--headless"] if headless else []), *args]
 
 
