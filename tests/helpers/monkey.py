@@ -10,10 +10,12 @@ Locust through its own processes; the tests that run Locust in this process run 
 import os
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ["LOCUST_SKIP_MONKEY_PATCH"] = "1"
+    given = "LOCUST_SKIP_MONKEY_PATCH" in os.environ
+    os.environ.setdefault("LOCUST_SKIP_MONKEY_PATCH", "1")
     try:
         import locust
     finally:
-        del os.environ["LOCUST_SKIP_MONKEY_PATCH"]  # the Locust processes the tests start patch as usual
+        if not given:
+            del os.environ["LOCUST_SKIP_MONKEY_PATCH"]  # the Locust processes the tests start patch as usual
 else:
     import locust  # noqa: F401
