@@ -33,12 +33,23 @@ demo: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 
-# Everything, including the integration tests against the embedded real vLLM (installed on first use).
-test: venv lint browser
-	$(PY) -m pytest
+# Everything, including the integration tests against the embedded real vLLM (installed on first use). First the
+# `e2e` tests, which mostly wait while their Locust processes run, side by side (pytest-xdist, TEST_WORKERS
+# processes); then in one process the rest: the unit tests (some run Locust in the test process, which needs gevent's
+# patching that xdist's workers cannot have, tests/helpers/monkey.py), the `serial` ones (they measure timing or load
+# the machine) and the `vllm` ones (one embedded server per session). Each pytest ends with its summary line; the
+# first that fails stops the target with a non-zero exit code.
+TEST_WORKERS ?= 3
+PARALLEL := -n $(TEST_WORKERS) --dist worksteal
 
-test-fast: venv lint browser
-	$(PY) -m pytest -m "not vllm"
+test: venv lint browser
+	$(PY) -m pytest $(PARALLEL) -m "e2e and not vllm and not serial"
+	$(PY) -m pytest -m "not e2e or vllm or serial"
+
+# Without root, Chromium or vLLM: the same, less the `vllm` and `browser` tests.
+test-fast: venv lint
+	$(PY) -m pytest $(PARALLEL) -m "e2e and not vllm and not browser and not serial"
+	$(PY) -m pytest -m "(not e2e or serial) and not vllm and not browser"
 
 bench: venv
 	$(PY) -m tests.benchmarks.bench_parse

@@ -1,57 +1,79 @@
-"""Shared fixtures: the fake streaming server (a subprocess with exact timing) and in-process Locust runs."""
+"""Shared fixtures (the fake streaming server, the embedded real vLLM) and the test kinds every test declares.
+
+Kinds, registered in pyproject.toml: `unit` (this process only, with in-process fakes or a fake server
+subprocess), `e2e` (real Locust processes), `vllm` (the embedded real vLLM server), `browser` (Chromium). Every
+test carries at least one (a module's `pytestmark` or the test's own mark; `vllm` is added to any test that uses
+the `vllm_server` fixture); `unit` goes with none of the others. Collection stops with the list of tests that carry
+none, and a test that starts a Locust process without `e2e`, or Chromium without `browser`, fails.
+`serial` marks the tests that measure timing or load the machine: they never run beside others. `make test` runs
+only `e2e` tests under pytest-xdist (its workers are not patched for gevent: tests/helpers/monkey.py).
+"""
 
 from __future__ import annotations
 
-import json
+import re
 import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 
-import gevent
-import locust  # noqa: F401 - imported first: it monkey-patches the standard library for gevent
 import pytest
-from locust.argument_parser import get_parser
-from locust.env import Environment
-from locust.event import Events
 
-from locustfiles import options as options_mod
-from locustfiles import plugin
+from tests import browser as browser_mod
+from tests.helpers import monkey  # noqa: F401 - first: it patches the standard library for gevent (as Locust does)
+from tests.helpers.inprocess import parse_options, run_in_process  # noqa: F401 - for test modules written before
+from tests.helpers.paths import FIXTURES, ROOT  # noqa: F401 - tests/helpers existed; new ones import from there
+from tests.helpers.servers import FakeServer
 
-ROOT = Path(__file__).resolve().parent.parent
-# Real vLLM 0.32 (CPU build) captures, copied from the project's shared fixtures so a clone is self-contained.
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+KINDS = ("unit", "e2e", "vllm", "browser")
+# A command line that runs Locust: `python -m locust ...` or a shell command holding one (test_compose's).
+LOCUST_COMMAND = re.compile(r"(^|\s)-m locust(\s|$)|(^|[\s/])locust -f\s")
 
 
-class FakeServer:
-    """Handle on a running tests/fakeserver.py process."""
+KIND_PROBLEM = pytest.StashKey[str]()
 
-    def __init__(self, args: list[str], port: int = 0) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "fakeserver.py"), "--port", str(port), *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        line = self.proc.stdout.readline()
-        if not line.startswith("PORT "):
-            self.proc.kill()
-            raise RuntimeError(f"fake server did not start: {line!r} {self.proc.stderr.read()}")
-        self.port = int(line.split()[1])
-        self.url = f"http://127.0.0.1:{self.port}"
 
-    def get(self, path: str) -> dict:
-        with urllib.request.urlopen(self.url + path, timeout=10) as r:
-            return json.load(r)
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: every collected test is checked, and a vllm mark counts
+def pytest_collection_modifyitems(config, items):
+    problems = []
+    for item in items:
+        if "vllm_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.vllm)
+        kinds = {m.name for m in item.iter_markers()} & set(KINDS)
+        if not kinds:
+            problems.append((item, f"no kind ({' / '.join(KINDS)}): {item.nodeid}"))
+        elif "unit" in kinds and len(kinds) > 1:
+            problems.append((item, f"unit together with another kind ({', '.join(sorted(kinds))}): {item.nodeid}"))
+    if not problems:
+        return
+    hint = "add e.g. `pytestmark = pytest.mark.unit` to the module or @pytest.mark.e2e to the test (tests/conftest.py)"
+    if hasattr(config, "workerinput"):
+        # A pytest-xdist worker: an error here would crash the worker; each such test errors at its setup instead.
+        for item, problem in problems:
+            item.stash[KIND_PROBLEM] = f"{problem}; {hint}"
+        return
+    raise pytest.UsageError(f"tests without the right kind marks; {hint}:\n  " + "\n  ".join(p for _, p in problems))
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+
+@pytest.fixture(autouse=True)
+def _kind_is_what_the_test_does(request, monkeypatch):
+    """A test that starts a Locust process must be `e2e`; one that launches Chromium must be `browser`."""
+    if KIND_PROBLEM in request.node.stash:
+        pytest.fail(request.node.stash[KIND_PROBLEM], pytrace=False)
+    kinds = {m.name for m in request.node.iter_markers()} & set(KINDS)
+    if "e2e" not in kinds:
+        original = subprocess.Popen.__init__
+
+        def no_locust(self, args, *a, **kw):
+            command = args if isinstance(args, str) else " ".join(map(str, args))
+            if LOCUST_COMMAND.search(command):
+                pytest.fail(f"{request.node.nodeid} starts a Locust process but is not marked e2e", pytrace=False)
+            original(self, args, *a, **kw)
+
+        monkeypatch.setattr(subprocess.Popen, "__init__", no_locust)
+    if "browser" not in kinds:
+
+        def no_chromium():
+            pytest.fail(f"{request.node.nodeid} launches Chromium but is not marked browser", pytrace=False)
+
+        monkeypatch.setattr(browser_mod, "require_chromium", no_chromium)
 
 
 @pytest.fixture
@@ -67,48 +89,6 @@ def fake_server():
     yield start
     for server in servers:
         server.stop()
-
-
-def parse_options(*args: str):
-    parser = get_parser(default_config_files=[])
-    if not any(a.dest == "max_tokens" for a in parser._actions):
-        options_mod.add_arguments(parser)
-    return parser.parse_args(list(args))
-
-
-def run_in_process(
-    user_class,
-    host: str,
-    run_dir: Path,
-    *args: str,
-    users: int | None = None,
-    seconds: float | None = None,
-    shape=None,
-    timeout: float = 120,
-    stop_timeout: float | None = None,
-):
-    """Run Locust in this process (local runner) and return its environment once the run has stopped."""
-    opts = parse_options("--host", host, "--run-dir", str(run_dir), "--headless", *args)
-    env = Environment(user_classes=[user_class], events=Events(), parsed_options=opts, host=host, shape_class=shape)
-    if stop_timeout is not None:
-        env.stop_timeout = stop_timeout  # let in-flight requests finish instead of cutting them off
-    runner = env.create_local_runner()
-    plugin.register(env)
-    if shape is not None:
-        runner.start_shape()
-        deadline = time.monotonic() + timeout
-        gevent.sleep(0.5)
-        while runner.state not in ("stopped",) and time.monotonic() < deadline:
-            gevent.sleep(0.2)
-        if runner.state != "stopped":
-            runner.quit()
-            raise AssertionError("shape run did not stop in time")
-    else:
-        runner.start(users, spawn_rate=max(100, users))
-        gevent.sleep(seconds)
-        runner.stop()
-    runner.quit()
-    return env
 
 
 @pytest.fixture(scope="session")

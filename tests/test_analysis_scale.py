@@ -34,6 +34,8 @@ from tests.benchmarks.bench_analysis import (
     reference_merge_records,
 )
 
+pytestmark = pytest.mark.unit
+
 SHAPE = Shape(chunks=6000, chunks_per_request=16, steps=(1, 2, 4), received=True, cut_line=True)
 
 

@@ -1,10 +1,24 @@
-"""Bad input: one clear line naming the problem and the fix, exit code 3, and no request sent."""
+"""Bad input: one clear line naming the problem and the fix, exit code 3, and no request sent.
+
+Each case is found in this process, by the checks a headless run makes before any load and in their order
+(tests/helpers/badinput.py): the parser, options.check(), the run directory, preflight against a running fake
+server. A few real runs check what a user sees: that one `error:` line on stderr, exit code 3, nothing sent."""
 
 import pytest
 
-from tests.test_headless import locust
+from tests.helpers.badinput import first_error
+from tests.helpers.runs import locust
+from tests.helpers.servers import FakeServer
 
 QUICK = ["--steps", "1", "--step-duration", "2s", "--step-warmup", "0s", "--max-tokens", "4"]
+
+
+@pytest.fixture(scope="module")
+def server():
+    """One fake server for the module's in-process cases: none of them may send it a request."""
+    server = FakeServer(["--model", "served-model"])
+    yield server
+    server.stop()
 
 
 def one_error_line(proc) -> str:
@@ -15,42 +29,24 @@ def one_error_line(proc) -> str:
     return errors[0]
 
 
-def test_unknown_model(fake_server, tmp_path):
-    server = fake_server("--model", "served-model")
-    line = one_error_line(locust("--host", server.url, *QUICK, "--model", "nope", "--run-dir", str(tmp_path / "r")))
-    assert "--model 'nope' is not served by" in line and "served-model" in line
-    assert server.get("/stats")["requests"] == 0
-
-
-def test_unknown_endpoint_option(fake_server, tmp_path):
-    server = fake_server()
-    line = one_error_line(locust("--host", server.url, *QUICK, "--endpoint", "embeddings"))
-    assert "--endpoint" in line and "embeddings" in line
-    assert server.get("/stats")["requests"] == 0
-
-
-def test_rejected_api_key(fake_server, tmp_path):
-    server = fake_server("--api-key", "right")
-    proc = locust("--host", server.url, *QUICK, "--run-dir", str(tmp_path / "r"), env={"OPENAI_API_KEY": "wrong"})
-    line = one_error_line(proc)
-    assert "refused the API key" in line and "wrong" not in proc.stderr + proc.stdout
-    assert server.get("/stats")["requests"] == 0
-
-
+@pytest.mark.e2e
 @pytest.mark.parametrize(
-    ("content", "expected"),
-    [('["ok", ', "is not JSON"), ('{"prompt": "x"}', "must be a non-empty JSON list"), (None, "No such file")],
+    ("args", "expected"),
+    [
+        (["--endpoint", "embeddings"], "--endpoint"),  # argparse's choices, through the parser's one-line error()
+        (["--max-tokens", "0"], "--max-tokens 0 must be at least 1"),  # options.check()
+        (["--model", "nope"], "--model 'nope' is not served by"),  # preflight's question to the server
+    ],
+    ids=["parser", "check", "preflight"],
 )
-def test_a_prompt_file_that_does_not_parse(fake_server, tmp_path, content, expected):
-    server = fake_server()
-    path = tmp_path / "prompts.json"
-    if content is not None:
-        path.write_text(content)
-    line = one_error_line(locust("--host", server.url, *QUICK, "--prompt-file", str(path)))
-    assert "--prompt-file" in line and expected in line
+def test_a_run_with_bad_input_stops_with_one_line_exit_3_and_nothing_sent(fake_server, tmp_path, args, expected):
+    server = fake_server("--model", "served-model")
+    line = one_error_line(locust("--host", server.url, *QUICK, *args, "--run-dir", str(tmp_path / "r")))
+    assert expected in line
     assert server.get("/stats")["requests"] == 0
 
 
+@pytest.mark.e2e
 def test_a_prompt_file_is_used_in_turn(fake_server, tmp_path):
     server = fake_server("--ttft-ms", "2", "--itl-ms", "1")
     path = tmp_path / "prompts.json"
@@ -59,15 +55,54 @@ def test_a_prompt_file_is_used_in_turn(fake_server, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
-def test_an_unwritable_run_directory(fake_server, tmp_path):
-    server = fake_server()
+@pytest.mark.unit
+def test_unknown_model(server, tmp_path):
+    line = first_error("--host", server.url, *QUICK, "--model", "nope", "--run-dir", str(tmp_path / "r"))
+    assert "--model 'nope' is not served by" in line and "served-model" in line
+    assert server.get("/stats")["requests"] == 0
+
+
+@pytest.mark.unit
+def test_unknown_endpoint_option(server):
+    line = first_error("--host", server.url, *QUICK, "--endpoint", "embeddings")
+    assert "--endpoint" in line and "embeddings" in line
+    assert server.get("/stats")["requests"] == 0
+
+
+@pytest.mark.unit
+def test_rejected_api_key(fake_server, tmp_path, monkeypatch, capsys, caplog):
+    server = fake_server("--api-key", "right")
+    monkeypatch.setenv("OPENAI_API_KEY", "wrong")
+    line = first_error("--host", server.url, *QUICK, "--run-dir", str(tmp_path / "r"))
+    captured = capsys.readouterr()
+    assert "refused the API key" in line and "wrong" not in line + captured.out + captured.err + caplog.text
+    assert server.get("/stats")["requests"] == 0
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [('["ok", ', "is not JSON"), ('{"prompt": "x"}', "must be a non-empty JSON list"), (None, "No such file")],
+)
+def test_a_prompt_file_that_does_not_parse(server, tmp_path, content, expected):
+    path = tmp_path / "prompts.json"
+    if content is not None:
+        path.write_text(content)
+    line = first_error("--host", server.url, *QUICK, "--prompt-file", str(path))
+    assert "--prompt-file" in line and expected in line
+    assert server.get("/stats")["requests"] == 0
+
+
+@pytest.mark.unit
+def test_an_unwritable_run_directory(server, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    line = one_error_line(locust("--host", server.url, *QUICK, "--run-dir", str(blocker / "run")))
+    line = first_error("--host", server.url, *QUICK, "--run-dir", str(blocker / "run"))
     assert "cannot create run directory" in line and "--run-dir" in line
     assert server.get("/stats")["requests"] == 0
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
@@ -87,15 +122,19 @@ def test_an_unwritable_run_directory(fake_server, tmp_path):
         (["--rates", "1,2", "--steps", "4"], "are alternatives"),
         (["--rates", "1", "--max-users", "0"], "--max-users"),
         (["--rates", "1", "--arrival", "bursty"], "--arrival"),
+        (["--max-error-rate", "lots"], "--max-error-rate"),
+        (["--max-error-rate", "150%"], "--max-error-rate"),
+        (["--max-error-rate", "-1"], "--max-error-rate"),
+        (["--slo", "ttft=1s"], "no objective 'ttft'"),
     ],
 )
-def test_invalid_values(fake_server, tmp_path, args, expected):
-    server = fake_server()
-    line = one_error_line(locust("--host", server.url, *args, "--run-dir", str(tmp_path / "r")))
+def test_invalid_values(server, tmp_path, args, expected):
+    line = first_error("--host", server.url, *args, "--run-dir", str(tmp_path / "r"))
     assert expected in line
     assert server.get("/stats")["requests"] == 0
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
@@ -104,11 +143,10 @@ def test_invalid_values(fake_server, tmp_path, args, expected):
         (None, "No such file"),
     ],
 )
-def test_a_sharegpt_file_that_does_not_parse(fake_server, tmp_path, content, expected):
-    server = fake_server()
+def test_a_sharegpt_file_that_does_not_parse(server, tmp_path, content, expected):
     path = tmp_path / "sharegpt.json"
     if content is not None:
         path.write_text(content)
-    line = one_error_line(locust("--host", server.url, *QUICK, "--dataset", f"sharegpt:{path}"))
+    line = first_error("--host", server.url, *QUICK, "--dataset", f"sharegpt:{path}")
     assert f"--dataset sharegpt:{path}" in line and expected in line
     assert server.get("/stats")["requests"] == 0

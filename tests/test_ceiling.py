@@ -13,6 +13,8 @@ from analysis.ceiling import (
     parse_bytes,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def test_the_issues_example_qwen3_8b_bf16_on_an_h100():
     # ~16.4 GB of BF16 weights; H100 SXM: 3.35 TB/s.
@@ -55,7 +57,7 @@ def test_missing_inputs_give_no_ceiling_and_missing_tpot_is_said():
 
 def test_bandwidth_from_the_web_ui_form_is_text_and_becomes_a_number():
     from locustfiles.options import check
-    from tests.conftest import parse_options
+    from tests.helpers.inprocess import parse_options
 
     for given, expected in (("3350", 3350.0), ("", None)):
         options = parse_options("--host", "http://127.0.0.1:1")

@@ -47,6 +47,7 @@ def real_run(tmp_path_factory):
     return run_dir, proc.stdout
 
 
+@pytest.mark.e2e
 def test_every_column_a_real_run_writes_is_declared_in_the_glossary(real_run):
     run_dir, _ = real_run
     steps = pd.read_csv(run_dir / "steps.csv")
@@ -58,6 +59,7 @@ def test_every_column_a_real_run_writes_is_declared_in_the_glossary(real_run):
     assert undeclared(["ttft_p50_s", "brand_new_metric_s"], STEP_SECTIONS) == ["brand_new_metric_s"]
 
 
+@pytest.mark.e2e
 def test_the_derived_lists_are_the_columns_written_in_order(real_run):
     run_dir, _ = real_run
     steps = pd.read_csv(run_dir / "steps.csv")
@@ -75,6 +77,7 @@ def test_the_derived_lists_are_the_columns_written_in_order(real_run):
     assert set(FIELDS) <= set(SCHEMA.names) and {"ttft_s", "e2e_s", "tpot_s", "output_tokens"} <= set(FIELDS)
 
 
+@pytest.mark.e2e
 def test_the_console_shows_the_glossary_headers(real_run):
     run_dir, stdout = real_run
     table = pd.read_csv(run_dir / "steps.csv")
@@ -86,6 +89,8 @@ def test_the_console_shows_the_glossary_headers(real_run):
         assert header == expected, (section, header)
 
 
+@pytest.mark.e2e
+@pytest.mark.browser
 def test_the_reports_step_table_has_the_glossary_titles_in_ms_and_scrolls_sideways(real_run):
     from tests.browser import chromium, open_page
 
@@ -108,6 +113,7 @@ def test_the_reports_step_table_has_the_glossary_titles_in_ms_and_scrolls_sidewa
     assert box["first"] == "sticky", box  # the step column stays in view
 
 
+@pytest.mark.unit
 def test_the_reports_table_highlights_flagged_steps_and_keeps_unknown_columns():
     table = pd.DataFrame(
         {"step": [0, 1], "users": [1, 2], "ttft_p50_s": [0.0123, math.nan], "generator_bound": [True, False],
@@ -120,6 +126,7 @@ def test_the_reports_table_highlights_flagged_steps_and_keeps_unknown_columns():
     assert "<td>BOUND</td>" in rows[1] and ">from_a_future_version</th>" in out and "<td>0.5</td>" in rows[1]
 
 
+@pytest.mark.unit
 def test_formats():
     assert g.format_value(0.01234, "ms1") == "12.3" and g.format_value(0.01234, "ms2") == "12.34"
     assert g.format_value(0.125, "pct0") == "12%" and g.format_value(3.0, "int") == "3"
@@ -131,6 +138,7 @@ def test_formats():
         g.Column("x", g.STEP, "s", "x", fmt="seconds")
 
 
+@pytest.mark.unit
 def test_every_declaration_is_complete():
     sections = {g.STEP, g.SERVER, g.GENERATOR, g.OPEN_LOOP, g.REQUESTS, g.LIVE}
     for c in g.COLUMNS.values():
@@ -145,6 +153,7 @@ def test_every_declaration_is_complete():
     assert len(keys) == len(set(keys))
 
 
+@pytest.mark.unit
 def test_the_web_ui_columns_keep_their_keys_and_titles():
     from locustfiles.webui import COLUMNS, _row
 
@@ -165,6 +174,7 @@ def test_the_web_ui_columns_keep_their_keys_and_titles():
     assert row["running"] == "2" and row["waiting"] == "-"
 
 
+@pytest.mark.unit
 def test_docs_metrics_md_is_generated_from_the_glossary():
     path = ROOT / g.DOCS_FILE
     assert path.exists() and path.read_text(encoding="utf-8") == g.docs_markdown(), (
@@ -174,6 +184,7 @@ def test_docs_metrics_md_is_generated_from_the_glossary():
         assert f"| `{c.name}` |" in g.docs_markdown(), c.name
 
 
+@pytest.mark.unit
 def test_the_glossary_command_writes_and_prints_the_docs(tmp_path):
     out = tmp_path / "docs" / "metrics.md"
     run = [sys.executable, "-m", "analysis", "glossary"]
@@ -208,6 +219,7 @@ def _imports(path) -> set[str]:
     return out - {"analysis"}
 
 
+@pytest.mark.unit
 def test_no_import_cycle_in_analysis_lazy_imports_included():
     graph = {f"analysis.{p.stem}": _imports(p) for p in (ROOT / "analysis").glob("*.py") if p.stem != "__main__"}
     assert graph["analysis.glossary"] <= {"analysis.thresholds"}  # the registry depends on nothing but its numbers
@@ -227,6 +239,7 @@ def test_no_import_cycle_in_analysis_lazy_imports_included():
         assert cycle_from(module, module, [module]) is None, f"import cycle: {cycle_from(module, module, [module])}"
 
 
+@pytest.mark.unit
 def test_single_model():
     assert single_model(pd.DataFrame({"model": ["m", "m", None]})) == "m"
     assert single_model(pd.DataFrame({"model": ["a", "b"]})) is None

@@ -23,8 +23,10 @@ from locustfiles.datasets import (
     parse_dataset,
     parse_max_tokens,
 )
-from tests.conftest import parse_options
 from tests.fakeserver import count_tokens
+from tests.helpers.inprocess import parse_options
+
+pytestmark = pytest.mark.unit
 
 SHAREGPT = [
     {"id": "a", "conversations": [{"from": "human", "value": "What is a cat?"},

@@ -7,9 +7,12 @@ import json
 import os
 
 import pandas as pd
+import pytest
 
 from tests.fakeserver import count_tokens
-from tests.test_headless import locust
+from tests.helpers.runs import locust
+
+pytestmark = pytest.mark.e2e
 
 QUICK = ["--steps", "2", "--step-duration", "2s", "--step-warmup", "0s", "--max-tokens", "4", "--stop-timeout", "10"]
 

@@ -20,11 +20,13 @@ def table(tok_s, kv=None, waiting=None, preempt=None, users=(1, 2, 4, 8, 16)):
     )
 
 
+@pytest.mark.unit
 def test_gain_per_doubling():
     assert gain_per_doubling(100, 200, 1, 2) == pytest.approx(1.0)
     assert gain_per_doubling(100, 121, 4, 16) == pytest.approx(0.1)  # two doublings of 10 %
 
 
+@pytest.mark.unit
 def test_knee_and_kv_cache_binding():
     d = diagnose(
         table(
@@ -36,6 +38,7 @@ def test_knee_and_kv_cache_binding():
     assert "flattens at 8 users" in d.text[0]
 
 
+@pytest.mark.unit
 def test_compute_and_batch_slots_and_unknown():
     flat = [100, 200, 400, 420, 425]
     assert diagnose(table(flat, kv=[0.1] * 5, waiting=[0] * 5, preempt=[0] * 5)).binding[3] == COMPUTE
@@ -43,14 +46,16 @@ def test_compute_and_batch_slots_and_unknown():
     assert diagnose(table(flat)).binding[3] == UNKNOWN
 
 
+@pytest.mark.unit
 def test_no_knee():
     d = diagnose(table([100, 200, 400, 800, 1600]))
     assert d.knee_step is None and d.binding == {} and "No knee" in d.text[0]
 
 
+@pytest.mark.e2e
 def test_report_is_self_contained_and_escapes_server_text(fake_server, tmp_path):
     from analysis.report import REPORT_FILE, SUMMARY_FILE
-    from tests.test_headless import short_run
+    from tests.helpers.runs import short_run
 
     server = fake_server(
         "--ttft-ms", "5", "--itl-ms", "1", "--model", "<script>alert(1)</script>", "--faults", "http_500=5"
@@ -65,6 +70,7 @@ def test_report_is_self_contained_and_escapes_server_text(fake_server, tmp_path)
     assert [s["users"] for s in summary["steps"]] == [1, 2]
 
 
+@pytest.mark.e2e
 def test_report_regenerates_from_a_copied_run_dir_and_overlays_compared_runs(fake_server, tmp_path):
     """`python -m analysis report` on a copy rebuilds the same tables; --compare overlays another run's curves."""
     import shutil
@@ -72,8 +78,8 @@ def test_report_regenerates_from_a_copied_run_dir_and_overlays_compared_runs(fak
     import sys
 
     from analysis.report import REPORT_FILE, SUMMARY_FILE
-    from tests.conftest import ROOT
-    from tests.test_headless import locust
+    from tests.helpers.paths import ROOT
+    from tests.helpers.runs import locust
 
     server = fake_server("--ttft-ms", "5", "--itl-ms", "1")
     runs = {}
@@ -105,11 +111,12 @@ def test_report_regenerates_from_a_copied_run_dir_and_overlays_compared_runs(fak
     assert page.count("Plotly.newPlot(") == (runs["short"] / REPORT_FILE).read_text().count("Plotly.newPlot(")
 
 
+@pytest.mark.unit
 def test_compare_with_a_directory_that_is_not_a_run_fails_in_one_line(tmp_path):
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.helpers.paths import ROOT
 
     (tmp_path / "run" / "records").mkdir(parents=True)
     proc = subprocess.run(

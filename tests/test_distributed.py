@@ -8,24 +8,21 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from analysis.generator import GENERATOR_DIR, GENERATOR_FILE
 from analysis.records import RECEIVED_DIR, RECORDS_DIR, merge_records
-from tests.conftest import ROOT
-from tests.test_headless import LOCUSTFILE, locust
+from tests.helpers.net import free_port  # noqa: F401 - for modules that import it from here
+from tests.helpers.paths import ROOT
+from tests.helpers.runs import cluster, kill_still_running, locust, locust_command
+
+pytestmark = pytest.mark.e2e
 
 STEPPED = ["--steps", "2,4,8", "--step-duration", "3s", "--step-warmup", "0s", "--max-tokens", "16"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_truth(server) -> pd.DataFrame:
@@ -81,39 +78,13 @@ def test_four_processes_give_the_same_exact_results_as_one(fake_server, tmp_path
         assert list(table.index) == [0, 1, 2] and (table["requests"] > 0).all(), (processes, table)
 
 
-def start(args: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "locust", "-f", LOCUSTFILE, *args],
-        cwd=ROOT,
-        stdout=open(log, "w"),  # the child keeps the descriptor; the parent exits the test soon
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-def start_cluster(tmp_path: Path, n_workers: int, host: str, *args: str) -> tuple[subprocess.Popen, list]:
-    """A headless master on a free loopback port and `n_workers` workers, logging to tmp_path."""
-    port = free_port()
-    master = start(
-        ["--master", "--headless", "--expect-workers", str(n_workers), "--master-bind-host", "127.0.0.1",
-         "--master-bind-port", str(port), "--host", host, *args],
-        tmp_path / "master.log",
-    )  # fmt: skip
-    workers = [
-        start(["--worker", "--master-host", "127.0.0.1", "--master-port", str(port)], tmp_path / f"worker{i}.log")
-        for i in range(n_workers)
-    ]
-    return master, workers
-
-
 def test_a_worker_killed_mid_run_loses_nothing_already_recorded(fake_server, tmp_path):
     server = fake_server("--ttft-ms", "20", "--itl-ms", "5")
     run_dir = tmp_path / "run"
-    master, workers = start_cluster(
+    with cluster(
         tmp_path, 2, server.url, "--steps", "4,8", "--step-duration", "8s", "--step-warmup", "0s",
         "--max-tokens", "16", "--stop-timeout", "10", "--run-dir", str(run_dir),
-    )  # fmt: skip
-    try:
+    ) as (master, workers):  # fmt: skip
         deadline = time.monotonic() + 60
         victim_file = run_dir / RECORDS_DIR / f"{socket.gethostname()}-{workers[1].pid}.jsonl"
         while time.monotonic() < deadline and not (victim_file.exists() and victim_file.stat().st_size > 0):
@@ -123,11 +94,6 @@ def test_a_worker_killed_mid_run_loses_nothing_already_recorded(fake_server, tmp
         killed_at = time.time()
         assert master.wait(120) in (0, 1)
         workers[0].wait(30)
-    finally:
-        for p in (master, *workers):
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
     log = (tmp_path / "master.log").read_text()
     victim = f"{socket.gethostname()}-{workers[1].pid}"
     survivor = f"{socket.gethostname()}-{workers[0].pid}"
@@ -159,9 +125,8 @@ def test_ctrl_c_on_a_processes_run_keeps_every_record_of_every_worker(fake_serve
     server = fake_server("--ttft-ms", "20", "--itl-ms", "5")
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "locust", "-f", LOCUSTFILE, "--headless", "--host", server.url, "--processes", "2",
-         "--steps", "4", "--step-duration", "60s", "--step-warmup", "0s", "--max-tokens", "64",
-         "--run-dir", str(run_dir)],
+        locust_command("--host", server.url, "--processes", "2", "--steps", "4", "--step-duration", "60s",
+                       "--step-warmup", "0s", "--max-tokens", "64", "--run-dir", str(run_dir)),
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip
     try:
@@ -172,9 +137,7 @@ def test_ctrl_c_on_a_processes_run_keeps_every_record_of_every_worker(fake_serve
         os.killpg(proc.pid, signal.SIGINT)
         out, _ = proc.communicate(timeout=60)  # a bound against a hang, not a speed claim
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        kill_still_running(proc)
     assert "sent no final message" not in out and "left without" not in out, out[-3000:]
     local = {p.name: pd.read_json(p, lines=True) for p in (run_dir / RECORDS_DIR).glob("*.jsonl")}
     received = {p.name: pd.read_json(p, lines=True) for p in (run_dir / RECORDS_DIR / RECEIVED_DIR).glob("*.jsonl")}

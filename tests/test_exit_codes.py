@@ -1,8 +1,14 @@
-"""Exit codes for pipelines: 0 ok, 1 failed requests over --max-error-rate, 2 the tool crashed, 3 bad input."""
+"""Exit codes for pipelines: 0 ok, 1 failed requests over --max-error-rate, 2 the tool crashed, 3 bad input (that one:
+tests/test_bad_input.py)."""
+
+import subprocess
 
 import pytest
 
-from tests.test_headless import locust
+from tests.helpers.paths import ROOT
+from tests.helpers.runs import locust, locust_command
+
+pytestmark = pytest.mark.e2e
 
 RUN = ["--steps", "2", "--step-duration", "3s", "--step-warmup", "0s", "--max-tokens", "8"]
 
@@ -23,26 +29,11 @@ def test_a_clean_run_exits_0(fake_server, tmp_path):
     assert "Errors: 0 of" in proc.stdout
 
 
-@pytest.mark.parametrize("bad", ["lots", "150%", "-1"])
-def test_a_bad_limit_is_one_line_before_any_load(fake_server, tmp_path, bad):
-    server = fake_server("--ttft-ms", "5", "--itl-ms", "1")
-    proc = locust("--host", server.url, *RUN, "--max-error-rate", bad, "--run-dir", str(tmp_path / "r"))
-    assert proc.returncode == 3
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "--max-error-rate" in errors[0], proc.stderr
-    assert server.get("/stats")["requests"] == 0
-
-
 def test_a_bug_in_the_load_generator_exits_2(fake_server, tmp_path):
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT
-
     server = fake_server("--ttft-ms", "5", "--itl-ms", "1")
     proc = subprocess.run(
-        [sys.executable, "-m", "locust", "-f", str(ROOT / "tests" / "locustfiles" / "crashing.py"), "--headless",
-         "--host", server.url, *RUN, "--max-error-rate", "100%", "--run-dir", str(tmp_path / "r")],
+        locust_command("--host", server.url, *RUN, "--max-error-rate", "100%", "--run-dir", str(tmp_path / "r"),
+                       locustfile=str(ROOT / "tests" / "locustfiles" / "crashing.py")),
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]

@@ -1,15 +1,10 @@
-"""The load generator's self-checks: the per-step figures on samples with known answers, an overloaded run that must
-be flagged generator-bound, and a master + 2 workers run whose samples all reach generator.parquet."""
+"""The load generator's self-checks: the per-step figures on samples with known answers, the diagnosis and the
+console (the real runs, an overloaded one and a cluster's, are in tests/test_generator_run.py)."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import signal
-import socket
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -29,7 +24,9 @@ from analysis.records import RECEIVED_DIR
 from analysis.run import compute_table
 from analysis.schedule import OPEN_LOOP_COLUMNS
 from analysis.steps import format_table
-from tests.test_steps import TIMELINE, frame, rec
+from tests.helpers.records import TIMELINE, frame, rec
+
+pytestmark = pytest.mark.unit
 
 WINDOWS = [
     {"step": 0, "users": 8, "start_time": 5.0, "measure_start": 10.0, "end_time": 20.0},
@@ -166,68 +163,6 @@ def test_the_console_marks_a_flagged_step_where_its_numbers_are_read():
     curve = text.split("\n\n")[0].splitlines()
     assert curve[1].endswith("generator") and curve[2].endswith("BOUND") and not curve[3].endswith("BOUND")
     assert "GENERATOR-BOUND steps 0 (1 users)" in text and "--processes N" in text
-
-
-def test_a_single_overloaded_process_is_flagged_generator_bound(fake_server, tmp_path):
-    """One process, 64 users, a server that streams 256 tokens as fast as it can: far more chunks per second than
-    one Python process reads. The run must say so: steps.csv, the console, summary.json and the report."""
-    from analysis.report import REPORT_FILE, SUMMARY_FILE
-    from tests.test_headless import locust
-
-    server = fake_server("--ttft-ms", "1", "--itl-ms", "0")
-    run_dir = tmp_path / "r"
-    proc = locust(
-        "--host", server.url, "--steps", "64", "--step-duration", "5s", "--step-warmup", "1s",
-        "--max-tokens", "256", "--run-dir", str(run_dir),
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    steps = pd.read_csv(run_dir / "steps.csv")
-    assert list(steps.columns[-len(GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS) :]) == GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS
-    row = steps.iloc[0]
-    assert row.generator_processes == 1 and row.users_achieved_mean > 0
-    assert row.generator_lag_p99_s > LAG_BOUND_S or row.generator_cpu_max > CPU_BOUND, row
-    assert bool(row.generator_bound) is True
-    assert "GENERATOR-BOUND steps 0 (64 users)" in proc.stdout and "--processes N" in proc.stdout
-    summary = json.loads((run_dir / SUMMARY_FILE).read_text())
-    assert summary["steps"][0]["generator_bound"] is True
-    assert summary["diagnosis"]["binding"] == {"0": LOAD_GENERATOR}
-    assert any("the load generator binds" in t for t in summary["diagnosis"]["text"])
-    page = (run_dir / REPORT_FILE).read_text()
-    assert "GENERATOR-BOUND steps 0 (64 users)" in page and "Load generator self-checks" in page
-    samples = pd.read_parquet(run_dir / GENERATOR_FILE)
-    assert samples["worker"].nunique() == 1 and samples["lag_s"].map(len).sum() > 0
-    assert (samples["users_intended"] == 64).all() and (samples["interval_s"] > 0).all()
-
-
-def test_every_worker_of_a_cluster_ships_its_samples_to_the_master(fake_server, tmp_path):
-    from tests.test_distributed import start_cluster
-
-    server = fake_server("--ttft-ms", "20", "--itl-ms", "5")
-    run_dir = tmp_path / "run"
-    master, workers = start_cluster(
-        tmp_path, 2, server.url, "--steps", "2,4", "--step-duration", "3s", "--step-warmup", "0s",
-        "--max-tokens", "16", "--stop-timeout", "10", "--run-dir", str(run_dir),
-    )  # fmt: skip
-    try:
-        assert master.wait(120) == 0, (tmp_path / "master.log").read_text()[-3000:]
-        for w in workers:
-            w.wait(30)
-    finally:
-        for p in (master, *workers):
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    names = {f"{socket.gethostname()}-{w.pid}" for w in workers}
-    samples = pd.read_parquet(run_dir / GENERATOR_FILE)
-    assert set(samples["worker"]) == names  # the master generates no load: no samples of its own
-    assert {p.stem for p in (run_dir / GENERATOR_DIR / RECEIVED_DIR).glob("*.jsonl")} == names
-    # Each worker's shipped copy holds every row its own file holds (its last one was sent before its final message).
-    for name in names:
-        own = pd.read_json(run_dir / GENERATOR_DIR / f"{name}.jsonl", lines=True)
-        shipped = pd.read_json(run_dir / GENERATOR_DIR / RECEIVED_DIR / f"{name}.jsonl", lines=True)
-        assert np.array_equal(own["timestamp"].to_numpy(), shipped["timestamp"].to_numpy())
-    steps = pd.read_csv(run_dir / "steps.csv")
-    assert (steps["generator_processes"] == 2).all() and steps["users_achieved_mean"].notna().all()
 
 
 def test_advice_depends_on_whether_the_load_process_itself_was_busy():

@@ -4,6 +4,8 @@ import pytest
 
 from analysis import glossary as g
 
+pytestmark = pytest.mark.unit
+
 
 def test_ttft_e2e_from_token_offsets():
     assert g.ttft_s([0.05, 0.06, 0.08]) == 0.05
@@ -46,7 +48,7 @@ def test_every_formula_states_its_formula_in_one_docstring_line():
 
 def test_docs_define_every_glossary_metric_with_the_same_words():
     """docs/metrics.md is the glossary's page (generated from it); the README sends readers there."""
-    from tests.conftest import ROOT
+    from tests.helpers.paths import ROOT
 
     page = ROOT.joinpath("docs", "metrics.md").read_text(encoding="utf-8")
     for metric in g.GLOSSARY.values():

@@ -1,11 +1,11 @@
 """End to end: real `locust` processes, as a user runs them, against the fake server."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pandas as pd
 import pytest
@@ -15,28 +15,11 @@ from analysis.run import STEPS_FILE
 from analysis.schedule import OPEN_LOOP_COLUMNS
 from analysis.server_metrics import SERVER_COLUMNS
 from analysis.steps import STEP_COLUMNS
-from tests.conftest import ROOT
+from tests.helpers.net import free_port
+from tests.helpers.paths import LOCUSTFILE, ROOT  # noqa: F401 - LOCUSTFILE: for modules that import it from here
+from tests.helpers.runs import locust, locust_command, short_run, wait_until  # noqa: F401 - short_run: likewise
 
-LOCUSTFILE = str(ROOT / "locustfiles" / "vllm_streaming.py")
-
-
-def locust(*args: str, cwd=None, env=None, timeout=120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "locust", "-f", LOCUSTFILE, "--headless", *args],
-        cwd=cwd or ROOT,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def short_run(host: str, run_dir, *args: str) -> subprocess.CompletedProcess:
-    """Two 2 s steps (1 and 2 users, no warm-up) of 8-token requests: the shortest run with a table and a report."""
-    return locust(
-        "--host", host, "--steps", "1,2", "--step-duration", "2s", "--step-warmup", "0s", "--max-tokens", "8",
-        "--run-dir", str(run_dir), *args,
-    )  # fmt: skip
+pytestmark = pytest.mark.e2e
 
 
 def test_stepped_headless_run_writes_records_and_the_step_table(fake_server, tmp_path):
@@ -141,11 +124,12 @@ def test_interrupt_keeps_every_completed_request(fake_server, tmp_path, sig):
     server = fake_server("--ttft-ms", "10", "--itl-ms", "5")
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "locust", "-f", LOCUSTFILE, "--headless", "--host", server.url, "--steps", "4",
-         "--step-duration", "60s", "--step-warmup", "0s", "--max-tokens", "20", "--run-dir", str(run_dir)],
+        locust_command("--host", server.url, "--steps", "4", "--step-duration", "60s", "--step-warmup", "0s",
+                       "--max-tokens", "20", "--run-dir", str(run_dir)),
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    time.sleep(4)
+    # Interrupted once the run is under way (a few requests per user done), whenever that is on a busy machine.
+    assert wait_until(lambda: server.get("/stats")["ok"] >= 12, timeout=60), proc.poll()
     proc.send_signal(sig)
     proc.communicate(timeout=60)
     time.sleep(0.5)  # streams the server was sending when the client died end on its side
@@ -189,26 +173,11 @@ def test_a_second_run_into_the_same_run_dir_goes_to_a_sibling(fake_server, tmp_p
 
 
 def test_options_appear_in_the_web_ui_start_form(tmp_path):
-    import socket
-    import urllib.request
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "locust",
-            "-f",
-            LOCUSTFILE,
-            "--host",
-            "http://127.0.0.1:9",
-            "--web-host",
-            "127.0.0.1",
-            "--web-port",
-            str(port),
-        ],
+        locust_command(
+            "--host", "http://127.0.0.1:9", "--web-host", "127.0.0.1", "--web-port", str(port), headless=False
+        ),
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -23,7 +23,9 @@ from analysis.schedule import (
 )
 from analysis.steps import format_table, step_table
 from locustfiles.openloop import OpenLoopPlan
-from tests.test_steps import frame, rec
+from tests.helpers.records import frame, rec
+
+pytestmark = pytest.mark.unit
 
 
 def take(iterator, n):
@@ -72,7 +74,7 @@ def test_rates_parse():
 
 def test_rates_and_steps_are_alternatives():
     from locustfiles import options as options_mod
-    from tests.conftest import parse_options
+    from tests.helpers.inprocess import parse_options
 
     with pytest.raises(ValueError, match="--rates 1,2 and --steps 4 are alternatives"):
         options_mod.check(parse_options("--rates", "1,2", "--steps", "4"))

@@ -14,7 +14,9 @@ import pytest
 
 from analysis.run import STEPS_FILE
 from analysis.schedule import arrival_times
-from tests.test_headless import locust
+from tests.helpers.runs import locust
+
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]
 
 
 def run(server, run_dir, *args: str, report: bool = False):

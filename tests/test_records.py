@@ -1,4 +1,3 @@
-import os
 import signal
 import subprocess
 import sys
@@ -6,41 +5,20 @@ import textwrap
 
 import pandas as pd
 import pyarrow.parquet as pq
+import pytest
 
-from analysis.records import RECORDS_DIR, REQUESTS_FILE, SCHEMA, RecordWriter, RequestRecord, merge_records
+from analysis.records import RECORDS_DIR, REQUESTS_FILE, SCHEMA, RecordWriter, merge_records
+from tests.helpers.paths import ROOT
+from tests.helpers.records import make_record
 
-
-def make(i: int, **kw) -> RequestRecord:
-    base = dict(
-        request_id=f"id{i}",
-        worker="w1",
-        step=0,
-        users=1,
-        warmup=False,
-        start_time=1000.0 + i,
-        endpoint="completions",
-        model="m",
-        ttft_s=0.05,
-        e2e_s=0.15,
-        tpot_s=0.01,
-        duration_s=0.16,
-        output_tokens=11,
-        output_tokens_estimated=False,
-        prompt_tokens=3,
-        chunks=10,
-        finish_reason="length",
-        chunk_offsets_s=[0.05 + 0.01 * k for k in range(10)],
-        chunk_tokens=[1] * 9 + [2],
-    )
-    base.update(kw)
-    return RequestRecord(**base)
+pytestmark = pytest.mark.unit
 
 
 def test_write_merge_roundtrip_with_schema_and_lists(tmp_path):
     w = RecordWriter(tmp_path / RECORDS_DIR / "a.jsonl")
-    w.write(make(1))
+    w.write(make_record(1))
     w.write(
-        make(
+        make_record(
             2,
             status="error",
             error_type="http_500",
@@ -57,7 +35,7 @@ def test_write_merge_roundtrip_with_schema_and_lists(tmp_path):
         )
     )
     w.close()
-    RecordWriter(tmp_path / RECORDS_DIR / "b.jsonl").write(make(3, worker="w2"))
+    RecordWriter(tmp_path / RECORDS_DIR / "b.jsonl").write(make_record(3, worker="w2"))
     df = merge_records(tmp_path)
     assert pq.read_schema(tmp_path / REQUESTS_FILE).names == SCHEMA.names
     assert sorted(df["request_id"]) == ["id1", "id2", "id3"]
@@ -71,8 +49,8 @@ def test_write_merge_roundtrip_with_schema_and_lists(tmp_path):
 def test_a_line_cut_by_a_crash_and_duplicates_are_dropped(tmp_path):
     path = tmp_path / RECORDS_DIR / "a.jsonl"
     w = RecordWriter(path)
-    w.write(make(1))
-    w.write(make(1))
+    w.write(make_record(1))
+    w.write(make_record(1))
     w.close()
     with open(path, "ab") as f:
         f.write(b'{"request_id":"id9","worker"')
@@ -83,15 +61,15 @@ def test_a_line_cut_by_a_crash_and_duplicates_are_dropped(tmp_path):
 def test_records_survive_sigkill_of_the_writing_process(tmp_path):
     script = textwrap.dedent(f"""
         import os, signal, sys
-        sys.path.insert(0, {str(os.getcwd())!r})
-        from tests.test_records import make
+        sys.path.insert(0, {str(ROOT)!r})
+        from tests.helpers.records import make_record
         from analysis.records import RecordWriter
         w = RecordWriter({str(tmp_path / RECORDS_DIR / "k.jsonl")!r})
         for i in range(50):
-            w.write(make(i))
+            w.write(make_record(i))
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=os.getcwd())
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT)
     assert proc.returncode == -signal.SIGKILL
     assert len(merge_records(tmp_path)) == 50
 
@@ -99,7 +77,7 @@ def test_records_survive_sigkill_of_the_writing_process(tmp_path):
 def test_a_requests_file_from_before_the_dataset_columns_reads_them_as_missing(tmp_path):
     from analysis.records import REQUEST_COLUMNS, load_records
 
-    RecordWriter(tmp_path / RECORDS_DIR / "a.jsonl").write(make(1))
+    RecordWriter(tmp_path / RECORDS_DIR / "a.jsonl").write(make_record(1))
     merge_records(tmp_path)
     old = pq.read_table(tmp_path / REQUESTS_FILE).drop(["dataset", "max_tokens", "reference_output_tokens"])
     pq.write_table(old, tmp_path / REQUESTS_FILE)

@@ -1,8 +1,12 @@
 """report.html in a real headless Chromium: every chart renders with data, no JavaScript error, no network."""
 
+import pytest
+
 from analysis.report import REPORT_FILE
 from tests.browser import PNG_SIGNATURE, chromium, open_page, png_size, require_chromium, screenshot
-from tests.test_headless import short_run
+from tests.helpers.runs import short_run
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 VIEWPORT = (1400, 900)
 

@@ -6,12 +6,16 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
+import time
+
+import pytest
 
 from tests.browser import chromium, open_page, screenshot
-from tests.conftest import ROOT
-from tests.test_headless import LOCUSTFILE, locust
-from tests.test_webui import get, post, wait_for
+from tests.helpers.net import free_port, get, post, wait_for
+from tests.helpers.paths import ROOT
+from tests.helpers.runs import locust, locust_command
+
+pytestmark = pytest.mark.e2e
 
 HOSTILE = "<script>alert('x')</script>"
 ESCAPED = "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;"
@@ -42,23 +46,20 @@ def test_server_text_is_escaped_in_the_report(fake_server, tmp_path):
     assert KEY not in proc.stdout + proc.stderr
 
 
+@pytest.mark.browser
 def test_server_text_and_the_key_stay_out_of_the_web_ui(fake_server, tmp_path):
-    from tests.test_distributed import free_port
-
     server = fake_server("--hostile", "--model", HOSTILE + "model", "--faults", "http_500=4", "--api-key", KEY)
     port = free_port()
     ui = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "locust", "-f", LOCUSTFILE, "--host", server.url, "--web-host", "127.0.0.1",
-         "--web-port", str(port), "--api-key", KEY, "--run-dir", str(tmp_path / "run")],
+        locust_command("--host", server.url, "--web-host", "127.0.0.1", "--web-port", str(port), "--api-key", KEY,
+                       "--run-dir", str(tmp_path / "run"), headless=False),
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:
         wait_for(ui + "/")
         post(ui + "/swarm", {"steps": "2", "step_duration": "3s", "step_warmup": "0s", "api_key": "********"})
         wait_for(ui + "/stats/requests")
-        import time
-
         time.sleep(4)
         pages = {path: get(ui + path).decode() for path in ("/", "/stats/requests", "/llm/report.html")}
         # In a real browser, Locust's failures table shows the hostile message as text and runs none of it.

@@ -18,7 +18,9 @@ from analysis.server_metrics import (
     server_info,
     step_server_table,
 )
-from tests.conftest import FIXTURES
+from tests.helpers.paths import FIXTURES
+
+pytestmark = pytest.mark.unit
 
 REAL = (FIXTURES / "vllm-0.32-cpu-metrics.txt").read_text()
 

@@ -2,7 +2,9 @@ import orjson
 import pytest
 
 from analysis.sse import EMPTY_STREAM, MALFORMED_JSON, STREAM_ERROR, StreamParser, parse_stream
-from tests.conftest import FIXTURES
+from tests.helpers.paths import FIXTURES
+
+pytestmark = pytest.mark.unit
 
 
 def stamped(raw: bytes, start: float = 0.05, step: float = 0.01) -> list[tuple[float, bytes]]:

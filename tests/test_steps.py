@@ -4,46 +4,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.records import SCHEMA, RequestRecord
 from analysis.schedule import OPEN_LOOP_COLUMNS
 from analysis.steps import STEP_COLUMNS, format_table, percentile, step_table
+from tests.helpers.records import TIMELINE, frame, rec
 
-
-def rec(i, step, users, start, ttft, n, itl, warmup=False, status="ok", error_type=None, duration=None):
-    offs = [ttft + k * itl for k in range(n)]
-    r = RequestRecord(
-        request_id=f"r{i}",
-        worker="w",
-        step=step,
-        users=users,
-        warmup=warmup,
-        start_time=start,
-        endpoint="completions",
-        model="m",
-        status=status,
-        error_type=error_type,
-        ttft_s=offs[0] if status == "ok" else None,
-        e2e_s=offs[-1] if status == "ok" else None,
-        tpot_s=(offs[-1] - offs[0]) / (n - 1) if status == "ok" and n > 1 else None,
-        duration_s=duration if duration is not None else offs[-1] + 0.001,
-        output_tokens=n if status == "ok" else None,
-        chunks=n if status == "ok" else 0,
-        chunk_offsets_s=offs if status == "ok" else [],
-        chunk_tokens=[1] * n if status == "ok" else [],
-    )
-    return {f: getattr(r, f) for f in SCHEMA.names}
-
-
-def frame(rows):
-    import pyarrow as pa
-
-    return pa.Table.from_pylist(rows, schema=SCHEMA).to_pandas()
-
-
-TIMELINE = [
-    {"step": 0, "users": 1, "start_time": 0.0, "measure_start": 2.0, "end_time": 10.0},
-    {"step": 1, "users": 2, "start_time": 10.0, "measure_start": 12.0, "end_time": 20.0},
-]
+pytestmark = pytest.mark.unit
 
 
 def test_percentile_is_exact_and_missing_is_nan():

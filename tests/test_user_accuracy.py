@@ -1,7 +1,7 @@
 """The streaming user against a server with exactly known timing: TTFT, TPOT, ITL and token counts.
 
 Tolerances here are loose enough for a shared, noisy CI machine; tests/benchmarks/bench_accuracy.py prints the
-precise figures (the claim of 2 ms at p99 lives there).
+precise figures (the claim of 2 ms at p99 lives there). Serial: other tests beside it would blur the timing.
 """
 
 import numpy as np
@@ -10,7 +10,9 @@ import pytest
 
 from analysis.records import load_records
 from locustfiles.openai_user import OpenAIStreamingUser
-from tests.conftest import run_in_process
+from tests.helpers.inprocess import run_in_process
+
+pytestmark = [pytest.mark.unit, pytest.mark.serial]
 
 
 class User(OpenAIStreamingUser):

@@ -10,37 +10,14 @@ import subprocess
 import sys
 import time
 import urllib.error
-import urllib.parse
-import urllib.request
 
 import pandas as pd
+import pytest
 
-from tests.conftest import ROOT
-from tests.test_distributed import free_port
-from tests.test_headless import LOCUSTFILE
+from tests.helpers.net import free_port, get, post, wait_for
+from tests.helpers.paths import LOCUSTFILE, ROOT
 
-
-def get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return r.read()
-
-
-def post(url: str, form: dict) -> dict:
-    data = urllib.parse.urlencode(form).encode()
-    with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=10) as r:
-        return json.load(r)
-
-
-def wait_for(url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            get(url)
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+pytestmark = pytest.mark.e2e
 
 
 def llm_rows(ui: str) -> list[dict]:
@@ -49,15 +26,17 @@ def llm_rows(ui: str) -> list[dict]:
     return tab["data"]
 
 
+@pytest.mark.serial  # 2 load processes and a web UI: beside other tests the run's last requests were cut off
 def test_llm_tab_live_rows_in_a_distributed_run_match_the_final_table(fake_server, tmp_path):
     server = fake_server("--ttft-ms", "20", "--itl-ms", "5", "--api-key", "sk-test-SECRET-7777")
     port = free_port()
     ui = f"http://127.0.0.1:{port}"
     run_dir = tmp_path / "run"
+    master_port = str(free_port())  # not --processes' default 5557: another run on the machine may have it
     proc = subprocess.Popen(
         [sys.executable, "-m", "locust", "-f", LOCUSTFILE, "--host", server.url, "--processes", "2",
          "--web-host", "127.0.0.1", "--web-port", str(port), "--api-key", "sk-test-SECRET-7777",
-         "--run-dir", str(run_dir)],
+         "--master-bind-port", master_port, "--master-port", master_port, "--run-dir", str(run_dir)],
         cwd=ROOT, stdout=open(tmp_path / "locust.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:

@@ -20,7 +20,8 @@ import numpy as np
 
 from analysis.records import load_records
 from locustfiles.openai_user import OpenAIStreamingUser
-from tests.conftest import FakeServer, run_in_process
+from tests.helpers.inprocess import run_in_process
+from tests.helpers.servers import FakeServer
 
 
 class User(OpenAIStreamingUser):

@@ -13,7 +13,7 @@ import orjson
 
 from analysis.records import RequestRecord
 from analysis.sse import StreamParser, parse_stream
-from tests.conftest import FIXTURES
+from tests.helpers.paths import FIXTURES
 
 
 def vllm_lines(n_tokens: int) -> list[tuple[float, bytes]]:

@@ -4,52 +4,25 @@ server's own counters show prefix-cache hits, in steps.csv and in the report.
 Select with `-m vllm`. The server starts once per session (tests/conftest.py)."""
 
 import json
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers.runs import locust
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
 PREFIX_TOKENS = 256  # 8 full blocks of 32 tokens: cacheable; with the suffix and 32 output tokens it fits 512
 
 
 def test_a_shared_prefix_run_hits_the_prefix_cache(vllm_server, tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "locust",
-            "-f",
-            str(ROOT / "locustfiles" / "vllm_streaming.py"),
-            "--headless",
-            "--host",
-            vllm_server.url,
-            "--dataset",
-            f"shared-prefix:{PREFIX_TOKENS}",
-            "--steps",
-            "4",
-            "--step-duration",
-            "20s",
-            "--step-warmup",
-            "5s",
-            "--max-tokens",
-            "32",
-            "--ignore-eos",
-            "--stop-timeout",
-            "60",
-            "--run-dir",
-            str(run_dir),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    proc = locust(
+        "--host", vllm_server.url, "--dataset", f"shared-prefix:{PREFIX_TOKENS}", "--steps", "4",
+        "--step-duration", "20s", "--step-warmup", "5s", "--max-tokens", "32", "--ignore-eos", "--stop-timeout", "60",
+        "--run-dir", str(run_dir),
         timeout=300,
-    )
+    )  # fmt: skip
     print(proc.stdout[-3000:])
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = pd.read_csv(run_dir / "steps.csv")

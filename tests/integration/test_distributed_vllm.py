@@ -13,23 +13,22 @@ import pandas as pd
 import pytest
 
 from analysis.records import RECORDS_DIR
-from tests.integration.test_real_vllm import finished_counts
-from tests.test_distributed import start_cluster
+from tests.helpers.runs import cluster
+from tests.helpers.vllm import finished_counts
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
 
 @pytest.mark.parametrize("kill_one", [False, True], ids=["two-workers", "one-worker-killed"])
 def test_master_and_two_workers_against_vllm(vllm_server, tmp_path, kill_one):
     before = finished_counts(vllm_server.url)
     run_dir = tmp_path / "run"
-    master, workers = start_cluster(
+    host = socket.gethostname()
+    with cluster(
         tmp_path, 2, vllm_server.url, "--steps", "2,8", "--step-duration", "10s", "--step-warmup", "2s",
         "--max-tokens", "48", "--ignore-eos", "--stop-timeout", "60", "--run-dir", str(run_dir),
-    )  # fmt: skip
-    host = socket.gethostname()
-    victim_file = run_dir / RECORDS_DIR / f"{host}-{workers[1].pid}.jsonl"
-    try:
+    ) as (master, workers):  # fmt: skip
+        victim_file = run_dir / RECORDS_DIR / f"{host}-{workers[1].pid}.jsonl"
         if kill_one:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and not (victim_file.exists() and victim_file.stat().st_size > 0):
@@ -38,11 +37,6 @@ def test_master_and_two_workers_against_vllm(vllm_server, tmp_path, kill_one):
             os.kill(workers[1].pid, signal.SIGKILL)
         assert master.wait(240) == 0, (tmp_path / "master.log").read_text()[-3000:]
         workers[0].wait(30)
-    finally:
-        for p in (master, *workers):
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
     after = finished_counts(vllm_server.url)
     records = pd.read_parquet(run_dir / "requests.parquet")
     assert not records["request_id"].duplicated().any()

@@ -4,43 +4,21 @@ Select with `-m vllm`, skip with `-m "not vllm"`. The server starts once per ses
 """
 
 import json
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pandas as pd
 import pytest
 
 from analysis.records import load_records
-from analysis.server_metrics import GENERATION_TOKENS, RUNNING, SUCCESS, counter_total, parse_samples
 from locustfiles.openai_user import OpenAIStreamingUser
-from tests.conftest import ROOT, run_in_process
+from tests.helpers.inprocess import run_in_process
+from tests.helpers.runs import locust
+from tests.helpers.vllm import finished_counts
 
 pytestmark = pytest.mark.vllm
 
 
 class User(OpenAIStreamingUser):
     pass
-
-
-def scrape(url: str) -> list:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-        return parse_samples(r.read().decode())
-
-
-def finished_counts(url: str) -> tuple[float, float]:
-    """Requests finished normally (stop/length) and generated tokens, once nothing is running."""
-    deadline = time.monotonic() + 60
-    while True:
-        samples = scrape(url)
-        if counter_total(samples, RUNNING) == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    done = sum(
-        v for name, labels, v in samples if name == SUCCESS and labels.get("finished_reason") in ("stop", "length")
-    )
-    return done, counter_total(samples, GENERATION_TOKENS)
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
@@ -91,6 +69,7 @@ def window_stats(metrics: pd.DataFrame, metric: str, start: float, end: float) -
     return float(per_scrape.mean()), float(per_scrape.max())
 
 
+@pytest.mark.e2e
 def test_stepped_run_saturates_the_kv_cache_and_the_report_says_so(vllm_server, tmp_path):
     """128 KV blocks of 32 tokens hold ~15 sequences of 270 tokens (blocks are taken as a sequence grows, so a few
     more run at once): from 16-32 users on, the cache limits the batch (max_num_seqs is 64).
@@ -99,35 +78,11 @@ def test_stepped_run_saturates_the_kv_cache_and_the_report_says_so(vllm_server, 
     cache is full. With 128 output tokens, ~25 sequences fit and 32 -> 64 users still gained 11.6 % in one run of
     three: too thin a margin over the 10 % knee threshold. 256 tokens put the cache limit well below 64.)"""
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "locust",
-            "-f",
-            str(ROOT / "locustfiles" / "vllm_streaming.py"),
-            "--headless",
-            "--host",
-            vllm_server.url,
-            "--steps",
-            "4,16,32,64",
-            "--step-duration",
-            "30s",
-            "--step-warmup",
-            "12s",
-            "--max-tokens",
-            "256",
-            "--ignore-eos",
-            "--stop-timeout",
-            "120",
-            "--run-dir",
-            str(run_dir),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    proc = locust(
+        "--host", vllm_server.url, "--steps", "4,16,32,64", "--step-duration", "30s", "--step-warmup", "12s",
+        "--max-tokens", "256", "--ignore-eos", "--stop-timeout", "120", "--run-dir", str(run_dir),
         timeout=400,
-    )
+    )  # fmt: skip
     print(proc.stdout[-3000:])  # the table and diagnosis, shown when an assertion fails
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = pd.read_csv(run_dir / "steps.csv")

@@ -19,7 +19,6 @@ import math
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -37,9 +36,10 @@ from analysis.records import REQUESTS_FILE
 from analysis.report import REPORT_FILE
 from analysis.run import STEPS_FILE
 from tests.browser import PNG_SIGNATURE, chromium, open_page, png_size, require_chromium, screenshot
-from tests.conftest import ROOT
+from tests.helpers.net import free_port
+from tests.helpers.paths import ROOT
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.browser, pytest.mark.e2e]
 
 VIEWPORT = (1400, 900)
 LIVE_ROWS_TIMEOUT_S = 90
@@ -86,12 +86,6 @@ class LoadGeneratorStalled(AssertionError):
 
 
 # --- Locust with its web UI -----------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def tail(path: Path, n: int = 4000) -> str:
     return path.read_text(errors="replace")[-n:] if path.exists() else "(no log)"
 
