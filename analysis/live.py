@@ -53,6 +53,10 @@ class LiveRecords:
         for f in FIELDS:
             self._columns[f].append(record.get(f))
 
+    def add_record(self, record: object) -> None:
+        """A record object (analysis.records.RequestRecord): its FIELDS attributes."""
+        self.add({f: getattr(record, f) for f in FIELDS})
+
     def add_lines(self, lines: bytes) -> None:
         """Records as JSON lines (what workers ship and writers append)."""
         for line in lines.splitlines():
