@@ -199,7 +199,7 @@ def add_arguments(parser) -> None:
         action="store_true",
         default=False,
         env_var="LOCUST_NO_REPORT",
-        help="Do not write summary.json and report.html at the end of the run",
+        help="Do not write report.html at the end of the run (summary.json and summary.md are still written)",
     )
     parser.add_argument(
         "--slo",
