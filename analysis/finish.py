@@ -22,6 +22,7 @@ import pandas as pd
 from analysis import __version__ as SUITE_VERSION
 from analysis.diagnosis import Diagnosis, diagnose, worker_lines
 from analysis.integrity import integrity
+from analysis.live import close_open_steps
 from analysis.records import REQUEST_COLUMNS, REQUESTS_FILE
 from analysis.run import (
     REPORT_FILE,
@@ -89,15 +90,6 @@ def _single_model(records: pd.DataFrame) -> str | None:
     return str(models[0]) if len(models) == 1 else None
 
 
-def _close_open_steps(timeline: list[dict], now: float) -> list[dict]:
-    """A copy of the timeline whose step still running is measured up to `now`."""
-    timeline = [dict(step) for step in timeline]
-    for step in timeline:
-        if step.get("end_time") is None:
-            step["end_time"] = now
-    return timeline
-
-
 def _section(title: str, lines: list[str]) -> str:
     return "\n".join(["", f"{title}:", *(f"- {line}" for line in lines)])
 
@@ -139,7 +131,7 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
     full, metrics, generator = merged(run_dir, write=write)
     timeline = run.get("timeline") or timeline_from_records(full)
     if now is not None:
-        timeline = _close_open_steps(timeline, now)
+        timeline = close_open_steps(timeline, now)
     run = {**run, "timeline": timeline}
     table = compute_table(full, timeline, metrics, generator)
     if write:

@@ -70,12 +70,18 @@ class LiveRecords:
         return df
 
 
-def live_table(records: pd.DataFrame, timeline: list[dict], now: float) -> tuple[pd.DataFrame, dict]:
-    """(the step table so far, the whole run's row): an open step is measured up to `now`."""
+def close_open_steps(timeline: list[dict], now: float) -> list[dict]:
+    """A copy of the timeline whose step still running ends at `now` (the run so far)."""
     timeline = [dict(step) for step in timeline]
     for step in timeline:
         if step.get("end_time") is None:
             step["end_time"] = now
+    return timeline
+
+
+def live_table(records: pd.DataFrame, timeline: list[dict], now: float) -> tuple[pd.DataFrame, dict]:
+    """(the step table so far, the whole run's row): an open step is measured up to `now`."""
+    timeline = close_open_steps(timeline, now)
     if not timeline or records.empty:
         return pd.DataFrame(), {}
     return step_table(records, timeline), run_row(records, timeline)

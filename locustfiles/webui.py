@@ -146,8 +146,11 @@ class LLMTab:
         # Listens after the plugin's test_stop: every worker's records have arrived and run.json holds the final
         # timeline, so these rows are the final table's, kept until the next run.
         self._final = None
-        self._final = self._compute()
         self._cache = (0.0, [])
+        try:
+            self._final = self._compute()
+        except Exception:  # the LLM tab must never fail the run (an exception here would set its exit code)
+            logger.exception("cannot compute the LLM tab's final rows")
 
     # --- live rows ------------------------------------------------------------------------------------
     def rows(self) -> list[dict]:
