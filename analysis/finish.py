@@ -35,6 +35,7 @@ from analysis.run import (
     error_limit,
     merged,
     read_run,
+    single_model,
     slo_gate,
     write_summary_md,
 )
@@ -83,11 +84,6 @@ def _git_revision() -> str | None:
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def _single_model(records: pd.DataFrame) -> str | None:
-    models = records["model"].dropna().unique()
-    return str(models[0]) if len(models) == 1 else None
 
 
 def _section(title: str, lines: list[str]) -> str:
@@ -143,7 +139,7 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
     gate = slo_gate(run_dir, full, run)  # the per-chunk lists are still here, for ITL objectives
     records = full[REQUEST_COLUMNS]  # the rest needs no per-chunk lists: most of a long run's data
     del full
-    check = integrity(records, metrics, _single_model(records))
+    check = integrity(records, metrics, single_model(records))
     echo(_section("Integrity check", check["text"]))
     if gate is not None:
         echo(_section("SLO gate", gate["text"]))

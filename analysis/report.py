@@ -21,7 +21,7 @@ from analysis import __version__ as SUITE_VERSION
 from analysis.diagnosis import utc
 from analysis.generator import ADVICE, CPU_BOUND, LAG_BOUND_S, bound_steps, flagged
 from analysis.glossary import GLOSSARY
-from analysis.run import REPORT_FILE, STEPS_FILE, SUMMARY_FILE, dataset_info
+from analysis.run import REPORT_FILE, STEPS_FILE, SUMMARY_FILE, dataset_info, single_model
 from analysis.schedule import flagged as schedule_flagged
 from analysis.schedule import is_rate_run
 from analysis.server_metrics import KV_CACHE, RUNNING, WAITING, ServerSeries, server_info
@@ -122,11 +122,6 @@ def _latencies(tables: dict[str, pd.DataFrame]) -> go.Figure:
     return fig
 
 
-def _single_model(records: pd.DataFrame) -> str | None:
-    models = records["model"].dropna().unique()
-    return str(models[0]) if len(models) == 1 else None
-
-
 def _ttft_points(ok: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """The requests the timeline's TTFT chart shows, and its title."""
     if len(ok) <= TIMELINE_POINTS:
@@ -181,7 +176,7 @@ def _timeline(records: pd.DataFrame, metrics: pd.DataFrame | None, timeline: lis
             col=1,
         )
     if metrics is not None and len(metrics):
-        server = ServerSeries(metrics, _single_model(records))
+        server = ServerSeries(metrics, single_model(records))
         for metric, label, secondary in (
             (KV_CACHE, "KV-cache usage", False),
             (RUNNING, "running", True),

@@ -38,6 +38,13 @@ def write_run(run_dir: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def single_model(records: pd.DataFrame) -> str | None:
+    """The one model the records name, else None (a run against several models, or none): the server's samples
+    are then filtered by it."""
+    models = records["model"].dropna().unique() if "model" in records.columns else []
+    return str(models[0]) if len(models) == 1 else None
+
+
 def compute_table(
     records: pd.DataFrame,
     timeline: list[dict],
@@ -48,9 +55,7 @@ def compute_table(
     (the self-check columns are always there: empty for a step without samples), then the open-loop columns."""
     table = step_table(records, timeline)
     if metrics is not None:
-        models = records["model"].dropna().unique() if "model" in records.columns else []
-        model = str(models[0]) if len(models) == 1 else None
-        server = step_server_table(metrics, timeline, model=model, records=records)
+        server = step_server_table(metrics, timeline, model=single_model(records), records=records)
         table = table.merge(server, on="step", how="left")
     if not timeline:
         timeline = timeline_from_records(records)
