@@ -1,7 +1,9 @@
 """Rebuild a run's outputs from the files in its run directory.
 
 python -m analysis steps RUN_DIR                         # requests.parquet, metrics.parquet, steps.csv
-python -m analysis report RUN_DIR [--compare RUN_DIR ...]  # the above, then summary.json and report.html
+python -m analysis report RUN_DIR [--compare RUN_DIR ...]  # the end of the run again (analysis.finish): the
+                                                           # console text of the live run, steps.csv,
+                                                           # summary.json, summary.md, report.html
 python -m analysis glossary                                # the metric glossary as a Markdown table
 python -m analysis glossary --docs [--write docs/metrics.md]  # every column's page (stdout, or written there)
 """
@@ -28,9 +30,9 @@ def snapshot(run_dir: Path, report: Path | None, records: Path | None) -> int:
         df = merge_records(run_dir, write=False)
         pq.write_table(pa.Table.from_pandas(df, schema=SCHEMA, preserve_index=False), records)
     if report is not None:
-        from analysis.report import build_report_so_far
+        from analysis.finish import report_so_far
 
-        report.write_text(build_report_so_far(run_dir), encoding="utf-8")
+        report.write_text(report_so_far(run_dir), encoding="utf-8")
     return 0
 
 
@@ -39,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     steps = sub.add_parser("steps", help="merge the raw records and print/write the per-step table")
     steps.add_argument("run_dir", type=Path)
-    report = sub.add_parser("report", help="rebuild the tables, then write summary.json and report.html")
+    report = sub.add_parser(
+        "report", help="finish the run again: the tables and verdicts, summary.json, summary.md and report.html"
+    )
     report.add_argument("run_dir", type=Path)
     report.add_argument("--compare", type=Path, nargs="*", default=[], help="other run directories to overlay")
     gloss = sub.add_parser("glossary", help="print the metric glossary as a Markdown table (the README's)")
@@ -78,13 +82,15 @@ def main(argv: list[str] | None = None) -> int:
         if not (other / STEPS_FILE).exists():
             print(f"error: {other} has no {STEPS_FILE}; run `python -m analysis steps {other}` first", file=sys.stderr)
             return 2
+    if args.command == "report":
+        from analysis.finish import finish_run
+
+        # The exit code stays 0 whatever the verdicts: this rebuilds the outputs, it is no gate.
+        finish_run(args.run_dir, compare=args.compare, echo=lambda text: print(text, flush=True))
+        return 0
     table = finalize(args.run_dir)
     print(format_table(table))
     print(f"\nwrote {args.run_dir / 'requests.parquet'} and {args.run_dir / STEPS_FILE}")
-    if args.command == "report":
-        from analysis.report import write_report
-
-        print(f"wrote {write_report(args.run_dir, args.compare)}")
     return 0
 
 

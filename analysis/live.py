@@ -40,6 +40,10 @@ class LiveRecords:
         for f in FIELDS:
             self._columns[f].append(record.get(f))
 
+    def add_record(self, record: object) -> None:
+        """A record object (analysis.records.RequestRecord): its FIELDS attributes."""
+        self.add({f: getattr(record, f) for f in FIELDS})
+
     def add_lines(self, lines: bytes) -> None:
         """Records as JSON lines (what workers ship and writers append)."""
         for line in lines.splitlines():
@@ -53,12 +57,18 @@ class LiveRecords:
         return df
 
 
-def live_table(records: pd.DataFrame, timeline: list[dict], now: float) -> tuple[pd.DataFrame, dict]:
-    """(the step table so far, the whole run's row): an open step is measured up to `now`."""
+def close_open_steps(timeline: list[dict], now: float) -> list[dict]:
+    """A copy of the timeline whose step still running ends at `now` (the run so far)."""
     timeline = [dict(step) for step in timeline]
     for step in timeline:
         if step.get("end_time") is None:
             step["end_time"] = now
+    return timeline
+
+
+def live_table(records: pd.DataFrame, timeline: list[dict], now: float) -> tuple[pd.DataFrame, dict]:
+    """(the step table so far, the whole run's row): an open step is measured up to `now`."""
+    timeline = close_open_steps(timeline, now)
     if not timeline or records.empty:
         return pd.DataFrame(), {}
     return step_table(records, timeline), run_row(records, timeline)

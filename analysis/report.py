@@ -8,8 +8,8 @@ from __future__ import annotations
 import html
 import json
 import math
-import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -18,18 +18,20 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from analysis import __version__ as SUITE_VERSION
-from analysis.diagnosis import diagnose, utc, worker_lines
-from analysis.generator import ADVICE, CPU_BOUND, LAG_BOUND_S, bound_steps, flagged, load_generator
+from analysis.diagnosis import utc
+from analysis.generator import ADVICE, CPU_BOUND, LAG_BOUND_S, bound_steps, flagged
 from analysis.glossary import GLOSSARY, STEP_TABLE, Column, format_value
-from analysis.integrity import integrity
-from analysis.records import REQUEST_COLUMNS, load_records
-from analysis.run import STEPS_FILE, efficiency_ceiling, read_run, slo_gate, write_summary_md
+from analysis.records import single_model
+from analysis.run import REPORT_FILE, STEPS_FILE, SUMMARY_FILE, dataset_info
 from analysis.schedule import flagged as schedule_flagged
 from analysis.schedule import is_rate_run
-from analysis.server_metrics import KV_CACHE, RUNNING, WAITING, ServerSeries, load_metrics, server_info
+from analysis.server_metrics import KV_CACHE, RUNNING, WAITING, ServerSeries, server_info
 from analysis.sse import CUT_OFF
 
-REPORT_FILE = "report.html"
+if TYPE_CHECKING:
+    from analysis.finish import Outcome
+
+__all__ = ["REPORT_FILE", "SUMMARY_FILE", "build_report", "cdf_points"]
 # Charts of a long run at high load stay a few MB (a one-hour run can hold hundreds of thousands of requests):
 # a CDF is drawn through at most ~1,200 of its exact points (cdf_points), and the TTFT timeline shows one marker per
 # request up to TIMELINE_POINTS requests, beyond that the TIMELINE_POINTS / 10 slowest and an even sample of the others.
@@ -37,52 +39,6 @@ CDF_RANKS = 1000
 CDF_TAIL_RANKS = 100
 TIMELINE_POINTS = 50_000
 MISMATCH_LI = "<li style='color:#b00;font-weight:bold'>"
-SUMMARY_FILE = "summary.json"
-
-
-def _git_revision() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=Path(__file__).resolve().parent,
-        )
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def summary(run_dir: Path, table: pd.DataFrame, records: pd.DataFrame) -> dict:
-    """summary.json: the run's totals, its step table and its diagnosis, machine-readable."""
-    run = read_run(run_dir)
-    cut = records["error_type"] == CUT_OFF
-    errors = records[(records["status"] != "ok") & ~cut]["error_type"].value_counts().to_dict()
-    ok = records[records["status"] == "ok"]
-    steps = json.loads(table.to_json(orient="records"))  # NaN -> null: missing stays missing
-    return {
-        "run_dir": str(run_dir),
-        "started_at": run.get("started_at"),
-        "finished_at": run.get("finished_at"),
-        "options": run.get("options", {}),
-        "dataset": _dataset_info(run),
-        "models": sorted(records["model"].dropna().unique().tolist()),
-        "requests": len(records),
-        "ok": len(ok),
-        "errors": {str(k): int(v) for k, v in errors.items()},
-        "cut_off": int(cut.sum()),
-        "output_tokens": int(ok["output_tokens"].sum()) if len(ok) else 0,
-        "steps": steps,
-        "diagnosis": diagnose(table).to_dict(),
-        "integrity": integrity(records, load_metrics(run_dir), _single_model(records)),
-        "slo": slo_gate(run_dir, records),
-        "ceiling": efficiency_ceiling(run_dir, table),
-        "workers": run.get("workers") or [],
-        "server_version": run.get("server_version"),
-        "suite_version": run.get("suite_version") or SUITE_VERSION,
-        "suite_revision": _git_revision(),
-    }
 
 
 AXIS_TITLES = {"users": "users", "rate_rps": "requests/s (intended)"}
@@ -167,11 +123,6 @@ def _latencies(tables: dict[str, pd.DataFrame]) -> go.Figure:
     return fig
 
 
-def _single_model(records: pd.DataFrame) -> str | None:
-    models = records["model"].dropna().unique()
-    return str(models[0]) if len(models) == 1 else None
-
-
 def _ttft_points(ok: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """The requests the timeline's TTFT chart shows, and its title."""
     if len(ok) <= TIMELINE_POINTS:
@@ -226,7 +177,7 @@ def _timeline(records: pd.DataFrame, metrics: pd.DataFrame | None, timeline: lis
             col=1,
         )
     if metrics is not None and len(metrics):
-        server = ServerSeries(metrics, _single_model(records))
+        server = ServerSeries(metrics, single_model(records))
         for metric, label, secondary in (
             (KV_CACHE, "KV-cache usage", False),
             (RUNNING, "running", True),
@@ -358,17 +309,11 @@ def _cdfs(records: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def _dataset_info(run: dict) -> dict:
-    """How the run's prompts were built (run.json's "dataset"); runs from before prompt sources used --prompt."""
-    options = run.get("options") or {}
-    return run.get("dataset") or {"spec": options.get("dataset") or "fixed"}
-
-
 def _workload_html(run: dict, table: pd.DataFrame) -> str:
     """The prompt source, how max_tokens was chosen and, when the server counts them, its prefix-cache hits per
     step: the figure a shared-prefix workload is run for."""
     options = run.get("options") or {}
-    info = _dataset_info(run)
+    info = dataset_info(run)
     spec = str(info.get("spec") or "fixed")
     items = [f"Prompt source: --dataset {spec}" + (f" ({info['items']} prompts)" if info.get("items") else "")]
     if info.get("tokenizer"):
@@ -427,7 +372,7 @@ def _table_html(table: pd.DataFrame) -> str:
     )
 
 
-def _workers_html(workers: list[dict], started_at: float | None) -> str:
+def _workers_html(workers: list[dict], lines: list[str]) -> str:
     head = "<tr><th>worker</th><th>Locust id</th><th>connected</th><th>missing since</th><th>records received</th>"
     head += "<th>records reported</th></tr>"
     rows = "".join(
@@ -446,53 +391,14 @@ def _workers_html(workers: list[dict], started_at: float | None) -> str:
         + "</tr>"
         for w in workers
     )
-    notes = "".join(f"<li>{html.escape(line)}</li>" for line in worker_lines(workers, started_at))
+    notes = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
     return f"<h2>Workers</h2><ul>{notes}</ul><table>{head}{rows}</table>"
 
 
-def build_report_so_far(run_dir: Path, timeline: list[dict] | None = None) -> str:
-    """report.html of a run still in progress, from its raw files, without writing anything into its directory."""
-    import time
-
-    from analysis.generator import merge_generator
-    from analysis.records import merge_records
-    from analysis.run import compute_table
-    from analysis.server_metrics import SCRAPES_FILE, merge_scrapes
-    from analysis.steps import timeline_from_records
-
-    run_dir = Path(run_dir)
-    records = merge_records(run_dir, write=False)
-    run = read_run(run_dir)
-    now = time.time()
-    timeline = [dict(t) for t in (timeline or run.get("timeline") or timeline_from_records(records))]
-    for step in timeline:
-        if step.get("end_time") is None:
-            step["end_time"] = now
-    run["timeline"] = timeline
-    metrics = merge_scrapes(run_dir, write=False) if (run_dir / SCRAPES_FILE).exists() else load_metrics(run_dir)
-    generator = merge_generator(run_dir, write=False)
-    table = compute_table(records, timeline, metrics, generator)
-    return build_report(run_dir, records=records, table=table, metrics=metrics, run=run, generator=generator)
-
-
-def build_report(
-    run_dir: Path,
-    compare: list[Path] | None = None,
-    *,
-    records: pd.DataFrame | None = None,
-    table: pd.DataFrame | None = None,
-    metrics: pd.DataFrame | None = None,
-    run: dict | None = None,
-    generator: pd.DataFrame | None = None,
-) -> str:
-    """report.html from the run directory's files (or from data already in memory)."""
-    run_dir = Path(run_dir)
-    records = load_records(run_dir) if records is None else records
-    table = pd.read_csv(run_dir / STEPS_FILE) if table is None else table
-    run = read_run(run_dir) if run is None else run
-    metrics = load_metrics(run_dir) if metrics is None else metrics
-    generator = load_generator(run_dir) if generator is None else generator
-    diag = diagnose(table)
+def build_report(outcome: Outcome, compare: list[Path] | None = None) -> str:
+    """report.html of an outcome (analysis.finish): its verdicts as computed there, never again here."""
+    run_dir, run, records, table = outcome.run_dir, outcome.run, outcome.records, outcome.table
+    metrics, generator = outcome.metrics, outcome.generator
     tables = {run_dir.name: table}
     for other in compare or []:
         tables[Path(other).name] = pd.read_csv(Path(other) / STEPS_FILE)
@@ -521,7 +427,7 @@ def build_report(
         "arguments": json.dumps(run.get("options", {}), sort_keys=True),
         "Locust": run.get("locust_version"),
         "suite version": run.get("suite_version") or SUITE_VERSION,
-        "suite revision": _git_revision(),
+        "suite revision": outcome.summary.get("suite_revision"),
     }
     cut_off = int((records["error_type"] == CUT_OFF).sum())
     failed = records[(records["status"] != "ok") & (records["error_type"] != CUT_OFF)]
@@ -535,15 +441,10 @@ def build_report(
         ".steps td:first-child,.steps th:first-child{position:sticky;left:0}"
         ".steps tr.flagged td{background:#fdd}</style></head><body>",
         f"<h1>vllm-loadtest report: {html.escape(run_dir.name)}</h1>",
-        "<h2>Diagnosis</h2><ul>"
-        + "".join(
-            f"<li>{html.escape(t)}</li>"
-            for t in [*diag.text, *worker_lines(run.get("workers") or [], run.get("started_at"))]
-        )
-        + "</ul>",
+        "<h2>Diagnosis</h2><ul>" + "".join(f"<li>{html.escape(t)}</li>" for t in outcome.diagnosis_lines) + "</ul>",
         _generator_html(table),
-        _slo_html(slo_gate(run_dir, records)),
-        _ceiling_html(efficiency_ceiling(run_dir, table)),
+        _slo_html(outcome.slo),
+        _ceiling_html(outcome.ceiling),
         _workload_html(run, table),
     ]
     parts += [f.to_html(full_html=False, include_plotlyjs=False) for f in figures]
@@ -561,7 +462,7 @@ def build_report(
             f"<p>{cut_off} request(s) were still running when the load generator stopped: recorded as cut_off, "
             "neither counted as errors nor measured.</p>"
         )
-    check = integrity(records, metrics, _single_model(records))
+    check = outcome.integrity
     parts.append(
         "<h2>Integrity check</h2><p>The client's records against the server's own counters over the run.</p><ul>"
         + "".join(
@@ -571,7 +472,8 @@ def build_report(
     )
     workers = run.get("workers") or []
     if workers:
-        parts.append(_workers_html(workers, run.get("started_at")))
+        # The diagnosis's worker lines (analysis.diagnosis.worker_lines), as finish computed them.
+        parts.append(_workers_html(workers, outcome.diagnosis_lines[len(outcome.diagnosis.text) :]))
     parts.append(
         "<h2>Run</h2><table>"
         + "".join(
@@ -591,17 +493,3 @@ def build_report(
         + "</table></body></html>"
     )
     return "\n".join(parts)
-
-
-def write_report(run_dir: Path, compare: list[Path] | None = None) -> Path:
-    """Write summary.json and report.html into the run directory from its files."""
-    run_dir = Path(run_dir)
-    # Read once for both, without the per-chunk lists: neither uses them, and they are most of a long run's data.
-    records = load_records(run_dir, columns=REQUEST_COLUMNS)
-    table = pd.read_csv(run_dir / STEPS_FILE)
-    data = summary(run_dir, table, records)
-    (run_dir / SUMMARY_FILE).write_text(json.dumps(data, indent=2, default=str))
-    write_summary_md(run_dir, table, data["slo"], diagnose(table).text)
-    path = run_dir / REPORT_FILE
-    path.write_text(build_report(run_dir, compare, records=records, table=table), encoding="utf-8")
-    return path

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.generator import merge_generator, step_generator_table
-from analysis.records import REQUESTS_FILE, merge_records
+from analysis.records import merge_records, single_model
 from analysis.schedule import OPEN_LOOP_COLUMNS
 from analysis.server_metrics import SCRAPES_FILE, load_metrics, merge_scrapes, step_server_table
 from analysis.sse import CUT_OFF
@@ -19,6 +19,8 @@ from analysis.steps import step_table, timeline_from_records
 RUN_FILE = "run.json"
 STEPS_FILE = "steps.csv"
 SUMMARY_MD_FILE = "summary.md"
+SUMMARY_FILE = "summary.json"
+REPORT_FILE = "report.html"
 
 
 def read_run(run_dir: Path) -> dict:
@@ -46,9 +48,7 @@ def compute_table(
     (the self-check columns are always there: empty for a step without samples), then the open-loop columns."""
     table = step_table(records, timeline)
     if metrics is not None:
-        models = records["model"].dropna().unique() if "model" in records.columns else []
-        model = str(models[0]) if len(models) == 1 else None
-        server = step_server_table(metrics, timeline, model=model, records=records)
+        server = step_server_table(metrics, timeline, model=single_model(records), records=records)
         table = table.merge(server, on="step", how="left")
     if not timeline:
         timeline = timeline_from_records(records)
@@ -57,31 +57,65 @@ def compute_table(
     return table[[c for c in table.columns if c not in OPEN_LOOP_COLUMNS] + OPEN_LOOP_COLUMNS]
 
 
+def merged(run_dir: Path, write: bool = True) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:
+    """(records, server metrics, self-check samples) of a run, merged from its raw files; with write, also into
+    requests.parquet, metrics.parquet and generator.parquet."""
+    run_dir = Path(run_dir)
+    records = merge_records(run_dir, write=write)
+    metrics = merge_scrapes(run_dir, write=write) if (run_dir / SCRAPES_FILE).exists() else load_metrics(run_dir)
+    return records, metrics, merge_generator(run_dir, write=write)
+
+
 def finalize(run_dir: Path) -> pd.DataFrame:
     """Merge records, scrapes and self-check samples into requests.parquet, metrics.parquet and generator.parquet,
     write steps.csv; return the table."""
     run_dir = Path(run_dir)
-    records = merge_records(run_dir)
+    records, metrics, generator = merged(run_dir)
     timeline = read_run(run_dir).get("timeline") or timeline_from_records(records)
-    metrics = merge_scrapes(run_dir) if (run_dir / SCRAPES_FILE).exists() else load_metrics(run_dir)
-    table = compute_table(records, timeline, metrics, merge_generator(run_dir))
+    table = compute_table(records, timeline, metrics, generator)
     table.to_csv(run_dir / STEPS_FILE, index=False)
     return table
 
 
-def error_counts(run_dir: Path) -> tuple[int, int]:
+def parse_rate(text: str, name: str) -> float:
+    """'1%' or '0.01' -> 0.01; raises ValueError naming the option."""
+    text = str(text).strip()
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise ValueError(f"{name} {text!r} is not a rate; use e.g. {name} 1% or {name} 0.01") from None
+    if not 0 <= value <= 1:
+        raise ValueError(f"{name} {text!r} must be between 0 and 100%; use e.g. {name} 1%")
+    return value
+
+
+def error_counts(records: pd.DataFrame) -> tuple[int, int]:
     """(failed requests, requests) of a run, leaving out the requests cut off by the end of the run."""
-    records = pd.read_parquet(Path(run_dir) / REQUESTS_FILE, columns=["status", "error_type"])
     measured = records[records["error_type"] != CUT_OFF]
     return int((measured["status"] != "ok").sum()), len(measured)
 
 
-def slo_gate(run_dir: Path, records: pd.DataFrame | None = None) -> dict | None:
-    """The run's --slo (from run.json) judged on its records: the verdict dict, or None without objectives."""
+def error_limit(records: pd.DataFrame, max_error_rate: str | float | None) -> dict:
+    """The --max-error-rate verdict: rate = failed / requests (cut-off requests left out; 0 without requests),
+    over_limit when rate > the limit."""
+    failed, total = error_counts(records)
+    limit = parse_rate("0" if max_error_rate in (None, "") else max_error_rate, "--max-error-rate")
+    rate = failed / total if total else 0.0
+    over = rate > limit
+    text = (
+        f"Errors: {failed} of {total} requests ({rate:.2%}), {'over' if over else 'within'} --max-error-rate "
+        f"{limit:.2%}"
+    )
+    return {"failed": failed, "requests": total, "rate": rate, "limit": limit, "over_limit": over, "text": text}
+
+
+def slo_gate(run_dir: Path, records: pd.DataFrame | None = None, run: dict | None = None) -> dict | None:
+    """The run's --slo (from run.json, or `run`) judged on its records: the verdict dict, or None without
+    objectives."""
     from analysis.records import load_records
     from analysis.slo import judge_steps, parse_slo, verdict, verdict_lines
 
-    run = read_run(run_dir)
+    run = read_run(run_dir) if run is None else run
     spec = (run.get("options") or {}).get("slo") or ""
     if not spec:
         return None
@@ -95,11 +129,13 @@ def slo_gate(run_dir: Path, records: pd.DataFrame | None = None) -> dict | None:
     return result
 
 
-def write_summary_md(run_dir: Path, table: pd.DataFrame, gate: dict | None, diagnosis: list[str]) -> Path:
+def write_summary_md(
+    run_dir: Path, table: pd.DataFrame, gate: dict | None, diagnosis: list[str], run: dict | None = None
+) -> Path:
     """summary.md, for a CI job summary: the step table, the SLO verdict (when --slo was given), the diagnosis."""
     from analysis.slo import markdown_summary
 
-    run = read_run(run_dir)
+    run = read_run(run_dir) if run is None else run
     options = run.get("options") or {}
     title = f"Load test of {options.get('host') or 'the server'}" + (
         f" ({options['model']})" if options.get("model") else ""
@@ -111,17 +147,25 @@ def write_summary_md(run_dir: Path, table: pd.DataFrame, gate: dict | None, diag
     return path
 
 
-def efficiency_ceiling(run_dir: Path, table: pd.DataFrame) -> dict | None:
+def efficiency_ceiling(run_dir: Path, table: pd.DataFrame, run: dict | None = None) -> dict | None:
     """The single-request decode ceiling from the run's --gpu / --memory-bandwidth-gbs and --model-bytes, against
     the measured decode rate at the lowest step; None when either figure was not given."""
     from analysis.ceiling import bandwidth_gbs, ceiling_report, parse_bytes
 
-    options = read_run(run_dir).get("options") or {}
+    options = (read_run(run_dir) if run is None else run).get("options") or {}
     bandwidth = bandwidth_gbs(options.get("gpu"), options.get("memory_bandwidth_gbs"))
     weights = parse_bytes(str(options["model_bytes"])) if options.get("model_bytes") else None
-    source = f"--gpu {options['gpu']}" if options.get("gpu") and not options.get("memory_bandwidth_gbs") else (
-        "--memory-bandwidth-gbs"
+    source = (
+        f"--gpu {options['gpu']}"
+        if options.get("gpu") and not options.get("memory_bandwidth_gbs")
+        else ("--memory-bandwidth-gbs")
     )
     rows = json.loads(table.to_json(orient="records"))
     rows = [{**r, "tpot_p50_s": math.nan if r.get("tpot_p50_s") is None else r["tpot_p50_s"]} for r in rows]
     return ceiling_report(rows, bandwidth, weights, f"{source}, --model-bytes {options.get('model_bytes')}")
+
+
+def dataset_info(run: dict) -> dict:
+    """How the run's prompts were built (run.json's "dataset"); runs from before prompt sources used --prompt."""
+    options = run.get("options") or {}
+    return run.get("dataset") or {"spec": options.get("dataset") or "fixed"}

@@ -277,8 +277,6 @@ class FixedSource(Source):
             raise DatasetError(f"--dataset fixed takes no argument (got {self.argument!r}); use --prompt-file")
 
     def build(self, ctx: BuildContext) -> list[Item]:
-        from locustfiles.options import load_prompts
-
         path = getattr(ctx.options, "prompt_file", "")
         prompts = load_prompts(path) if path else [ctx.options.prompt]
         return [Item(p) for p in prompts]
@@ -583,3 +581,34 @@ def parse_max_tokens(text: str, max_tokens: int, source: Source | None = None) -
     if kind == "normal" and not (a >= 1 and b >= 0 and math.isfinite(a) and math.isfinite(b)):
         raise DatasetError(f"--max-tokens-dist {text!r} needs MEAN >= 1 and SD >= 0; {example}")
     return MaxTokens(kind, max_tokens, a, b)
+
+
+def load_prompts(path: str) -> list[str]:
+    """The prompts of a --prompt-file: a JSON list of strings; raises ValueError with a one-line fix."""
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError as e:
+        raise ValueError(f"--prompt-file {path}: {e.strerror}; pass a readable JSON file") from None
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ValueError(
+            f'--prompt-file {path} is not JSON ({e}); it must be a list of prompt strings, e.g. ["Hello"]'
+        ) from None
+    if not isinstance(data, list) or not data or not all(isinstance(p, str) and p for p in data):
+        raise ValueError(f'--prompt-file {path} must be a non-empty JSON list of non-empty strings, e.g. ["Hello"]')
+    return data
+
+
+def check_dataset(options) -> None:
+    """--dataset, --prompt-file, --num-prompts and --max-tokens-dist (a ShareGPT or prompt file is read here,
+    before any load); raises ValueError with a one-line fix."""
+    if getattr(options, "prompt_file", ""):
+        load_prompts(options.prompt_file)
+    source = parse_dataset(getattr(options, "dataset", "fixed"))
+    source.check()
+    if getattr(options, "prompt_file", "") and not isinstance(source, FixedSource):
+        raise ValueError(f"--prompt-file applies to --dataset fixed only, not --dataset {source.spec}")
+    if getattr(options, "num_prompts", 1) < 1:
+        raise ValueError(f"--num-prompts {options.num_prompts} must be at least 1")
+    parse_max_tokens(getattr(options, "max_tokens_dist", ""), options.max_tokens, source)

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import gevent
-from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
+from locust.runners import STATE_MISSING
 
 from analysis.generator import GENERATOR_DIR
 from analysis.records import RECEIVED_DIR, RECORDS_DIR
@@ -35,6 +35,7 @@ RECORDS_MESSAGE = "vllm_loadtest_records"  # worker -> master: {"worker", "run_d
 FINAL_MESSAGE = "vllm_loadtest_final"  # worker -> master: {"worker", "run_dir", "records": n}
 GENERATOR_MESSAGE = "vllm_loadtest_generator"  # worker -> master: {"worker", "run_dir", "lines": bytes}
 STOP_MESSAGE = "vllm_loadtest_stop"  # master -> worker: stop your users now and send your final message
+RECORDS_EVENT = "llm_worker_records"  # environment.events.<this>: the master received a batch of a worker's records
 SHIP_INTERVAL_S = 0.5
 FINAL_GRACE_S = 15.0  # beyond --stop-timeout, for the last messages to arrive
 MISSING_GRACE_S = 10.0  # how long a worker without heartbeat may still come back with its final message
@@ -84,10 +85,12 @@ class WorkerLedger:
     """Master side: writes the records workers ship, tracks each worker's connection, disappearance and final
     message, and waits for the finals at the end of a run."""
 
-    def __init__(self, environment, on_change=None, on_lines=None) -> None:
+    def __init__(self, environment, on_change=None) -> None:
         self.environment = environment
         self.on_change = on_change
-        self.on_lines = on_lines  # called with every batch of record lines of the current run (the live view)
+        # Fired with lines=bytes for every batch of record lines of the current run (the web UI's live view
+        # listens); the plugin creates it, a ledger without it fires nothing.
+        self.records_event = getattr(environment.events, RECORDS_EVENT, None)
         self.run_dir: Path | None = None
         self.workers: dict[str, dict] = {}  # Locust client id -> what we know of it
         self._files: dict[Path, object] = {}
@@ -169,8 +172,8 @@ class WorkerLedger:
             entry = self._entry(msg.node_id)
             entry["worker"] = data["worker"]
             entry["records_received"] += data["lines"].count(b"\n")
-            if self.on_lines is not None:
-                self.on_lines(data["lines"])
+            if self.records_event is not None:
+                self.records_event.fire(lines=data["lines"])
         else:
             logger.warning(
                 "records from worker %s arrived after %s was merged; `python -m analysis report %s` includes them",
@@ -280,11 +283,3 @@ def register_worker_stop(environment) -> None:
         environment.runner.stop()
 
     environment.events.quitting.add_listener(on_quitting)
-
-
-def is_worker(environment) -> bool:
-    return isinstance(environment.runner, WorkerRunner)
-
-
-def is_master(environment) -> bool:
-    return isinstance(environment.runner, MasterRunner)

@@ -166,7 +166,7 @@ class OpenAIStreamingUser(User):
             return
         # Serialized once per process, HTTP head included: the request path then only hands prepared bytes to the
         # socket. Keyed by everything else that shapes the bytes (the same for all users of a run).
-        key = (self.http._head, opts.max_tokens_dist, json.dumps(build_payload(opts, self.model, "")))
+        key = (self.http.head, opts.max_tokens_dist, json.dumps(build_payload(opts, self.model, "")))
         if key not in dataset.prepared:
             limits = [self.max_tokens.draw(self.rng, item) for item in self.items]
             bodies = [

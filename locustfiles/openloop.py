@@ -93,10 +93,6 @@ class OpenLoopPlan:
         self.taken = 0
         self._notify()
 
-    @property
-    def active(self) -> bool:
-        return bool(self._segments)
-
     def begin(
         self, step: int, users: int, rate_rps: float, warmup_s: float, arrival: str, seed: int | str,
         rank: int = 0, processes: int = 1, now: float | None = None, now_wall: float | None = None,

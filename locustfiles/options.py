@@ -11,7 +11,10 @@ import os
 
 from locust.util.timespan import parse_timespan
 
+from analysis.run import parse_rate
 from analysis.schedule import ARRIVALS, DEFAULT_ARRIVAL, parse_rates
+
+__all__ = ["parse_rate"]  # re-exported: the --max-error-rate parser, shared with analysis.finish
 
 DEFAULT_PROMPT = "Explica en detalle cómo funciona la fotosíntesis."
 DEFAULT_STEPS = "1,2,4,8,16,32,64"
@@ -23,25 +26,6 @@ ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 def api_key(options) -> str | None:
     """--api-key, else the environment variable named by --api-key-env; None when neither is set."""
     return getattr(options, "api_key", "") or os.environ.get(options.api_key_env or "OPENAI_API_KEY") or None
-
-
-def load_prompts(path: str) -> list[str]:
-    """The prompts of a --prompt-file: a JSON list of strings; raises ValueError with a one-line fix."""
-    import json
-
-    try:
-        text = open(path, encoding="utf-8").read()
-    except OSError as e:
-        raise ValueError(f"--prompt-file {path}: {e.strerror}; pass a readable JSON file") from None
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise ValueError(
-            f"--prompt-file {path} is not JSON ({e}); it must be a list of prompt strings, e.g. [\"Hello\"]"
-        ) from None
-    if not isinstance(data, list) or not data or not all(isinstance(p, str) and p for p in data):
-        raise ValueError(f"--prompt-file {path} must be a non-empty JSON list of non-empty strings, e.g. [\"Hello\"]")
-    return data
 
 
 def one_line_error(message: str) -> None:
@@ -215,7 +199,7 @@ def add_arguments(parser) -> None:
         action="store_true",
         default=False,
         env_var="LOCUST_NO_REPORT",
-        help="Do not write summary.json and report.html at the end of the run",
+        help="Do not write report.html at the end of the run (summary.json and summary.md are still written)",
     )
     parser.add_argument(
         "--slo",
@@ -282,20 +266,9 @@ def parse_duration(text: str, name: str, allow_zero: bool = False) -> float:
     return value
 
 
-def parse_rate(text: str, name: str) -> float:
-    """'1%' or '0.01' -> 0.01; raises ValueError naming the option."""
-    text = str(text).strip()
-    try:
-        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    except ValueError:
-        raise ValueError(f"{name} {text!r} is not a rate; use e.g. {name} 1% or {name} 0.01") from None
-    if not 0 <= value <= 1:
-        raise ValueError(f"{name} {text!r} must be between 0 and 100%; use e.g. {name} 1%")
-    return value
-
-
 def check(options: argparse.Namespace) -> None:
-    """Validate the options that have no argparse type; raises ValueError with a one-line message."""
+    """Validate the options that have no argparse type; raises ValueError with a one-line message. The prompt
+    options are checked by locustfiles.datasets.check_dataset (plugin.check_options runs both)."""
     parse_steps(options.steps)
     if getattr(options, "rates", ""):
         parse_rates(options.rates)
@@ -342,19 +315,3 @@ def check(options: argparse.Namespace) -> None:
         from analysis.slo import parse_slo
 
         parse_slo(options.slo)
-    if getattr(options, "prompt_file", ""):
-        load_prompts(options.prompt_file)
-    check_dataset(options)
-
-
-def check_dataset(options: argparse.Namespace) -> None:
-    """--dataset, --num-prompts and --max-tokens-dist (a ShareGPT file is read here, before any load)."""
-    from locustfiles.datasets import FixedSource, parse_dataset, parse_max_tokens
-
-    source = parse_dataset(getattr(options, "dataset", "fixed"))
-    source.check()
-    if getattr(options, "prompt_file", "") and not isinstance(source, FixedSource):
-        raise ValueError(f"--prompt-file applies to --dataset fixed only, not --dataset {source.spec}")
-    if getattr(options, "num_prompts", 1) < 1:
-        raise ValueError(f"--num-prompts {options.num_prompts} must be at least 1")
-    parse_max_tokens(getattr(options, "max_tokens_dist", ""), options.max_tokens, source)

@@ -1,10 +1,12 @@
-"""Wires the suite into a Locust environment: options, the run directory, the record writer, the step tracker
-and the end-of-run table.
+"""Wires the suite into a Locust environment: options, the run directory, the record writer, the step tracker,
+the web UI's LLM tab, and the end of the run (computed by analysis.finish).
 
     from locustfiles import plugin
     plugin.install()          # in a locustfile: registers the arguments and calls register() at init
 
-Extension point: `environment.events.llm_request` fires once per finished request with `record=RequestRecord`.
+Extension points: `environment.events.llm_request` fires once per finished request with `record=RequestRecord`
+(in the process that sent it); `environment.events.llm_worker_records` fires on the master with `lines=bytes`
+(JSON lines of records) for every batch a worker ships during the run.
 """
 
 from __future__ import annotations
@@ -29,26 +31,13 @@ from locust.event import EventHook
 from locust.runners import MasterRunner, WorkerRunner
 
 from analysis import __version__ as SUITE_VERSION
-from analysis.diagnosis import diagnose, worker_lines
-from analysis.integrity import integrity
-from analysis.live import FIELDS as LIVE_FIELDS
-from analysis.live import LiveRecords, live_table
-from analysis.records import RECORDS_DIR, REQUEST_COLUMNS, RecordWriter, RequestRecord, load_records
-from analysis.run import (
-    STEPS_FILE,
-    efficiency_ceiling,
-    error_counts,
-    finalize,
-    slo_gate,
-    write_run,
-    write_summary_md,
-)
-from analysis.server_metrics import load_metrics
-from analysis.steps import format_table
+from analysis.finish import Outcome, finish_run
+from analysis.records import RECORDS_DIR, RecordWriter, RequestRecord
+from analysis.run import write_run
 from locustfiles import options as opts_mod
 from locustfiles import selfcheck
-from locustfiles.datasets import Dataset, build_dataset
-from locustfiles.distributed import RecordShipper, WorkerLedger, register_worker_stop
+from locustfiles.datasets import Dataset, build_dataset, check_dataset
+from locustfiles.distributed import RECORDS_EVENT, RecordShipper, WorkerLedger, register_worker_stop
 from locustfiles.preflight import (
     _PREFLIGHT_DATASETS,
     SetupError,
@@ -60,6 +49,7 @@ from locustfiles.preflight import (
 )
 from locustfiles.scraper import MetricsScraper
 from locustfiles.shape import StepTracker
+from locustfiles.webui import LLMTab
 
 logger = logging.getLogger("vllm_loadtest")
 
@@ -68,12 +58,17 @@ EXIT_ERRORS = 1  # failed requests above --max-error-rate
 EXIT_CRASH = 2  # the tool itself failed (an unhandled exception): never mistaken for a verdict on the server
 EXIT_SETUP_ERROR = 3  # bad input found before any load was sent
 
-# Options saved in run.json. An allow-list, so secrets among Locust's own options (--web-auth) never land there.
+# The suite's own events (see the module docstring).
+SUITE_EVENTS = ("llm_request", RECORDS_EVENT)
+
+# Options saved in run.json. An allow-list, so secrets among Locust's own options (--web-auth) never land there;
+# every option of options.add_arguments but --api-key is in it (tests/test_saved_options.py).
 SAVED_OPTIONS = [
     "host",
     "model",
     "endpoint",
     "prompt",
+    "prompt_file",
     "max_tokens",
     "dataset",
     "num_prompts",
@@ -88,7 +83,6 @@ SAVED_OPTIONS = [
     "steps",
     "rates",
     "arrival",
-    "seed",
     "max_users",
     "step_duration",
     "step_warmup",
@@ -142,28 +136,15 @@ class RunContext:
         self._datasets: dict[tuple, gevent.Greenlet] = {}
         self.dataset_info: dict | None = None  # how this process built --dataset, for run.json
         self._generated_run_dir: str | None = None
-        self.scraper: MetricsScraper | None = None
+        self.scraper: MetricsScraper | None = None  # this run's, or the last run's once stopped
         self.server_version: str | None = None
-        self.last_table = None
         self.shipper: RecordShipper | None = None
         self.workers: list[dict] = []
         self.ledger: WorkerLedger | None = None
         self.selfcheck = selfcheck.register(environment)  # None in a master: it generates no load
-        # The live view (web UI only): the finished requests of the current run, and the last run's final numbers.
-        self.live_enabled = getattr(environment, "web_ui", None) is not None and self.is_controller
-        self.live = LiveRecords()
-        self.last_live: tuple | None = None
-        self.last_run_dir: Path | None = None
-        self.tab = None  # the web UI's LLM tab (locustfiles/webui.py), when there is a web UI
-        self.last_samples: list | None = None  # the last run's last scrape
-        self.errors_over_limit: bool | None = None  # the last finished run's verdict, for the exit code
-        self.slo_failed = False  # the last finished run broke an --slo objective
+        self.outcome: Outcome | None = None  # the last finished run's end (analysis.finish), for the exit code
         if isinstance(environment.runner, MasterRunner):
-            self.ledger = WorkerLedger(
-                environment,
-                on_change=self._workers_changed,
-                on_lines=self.live.add_lines if self.live_enabled else None,
-            )
+            self.ledger = WorkerLedger(environment, on_change=self._workers_changed)
         elif isinstance(environment.runner, WorkerRunner):
             register_worker_stop(environment)
 
@@ -231,7 +212,7 @@ class RunContext:
         options = environment.parsed_options
         if self.is_controller and not options.headless:
             try:
-                opts_mod.check(options)  # the web UI's start form may have changed them
+                check_options(options)  # the web UI's start form may have changed them
             except ValueError as e:
                 logger.error("%s; fix it in the start form", e)
                 gevent.spawn(environment.runner.stop)
@@ -264,10 +245,6 @@ class RunContext:
             self.ledger.start(self.run_dir)
         self.dataset_info = None  # this run's, once its first user has built (or reused) it
         if self.is_controller:
-            self.live.reset()
-            self.last_live = None
-            self.last_samples = None
-        if self.is_controller:
             self.server_version = None
             self._save_timeline(self.tracker.timeline)
             if options.host:
@@ -295,56 +272,27 @@ class RunContext:
             # Workers still stream (the headless master stops itself first): let them finish and report.
             self.workers = self.ledger.finish(environment.stop_timeout or 0.0)
         if self.scraper is not None:
-            self.scraper.stop()
-            self.last_samples = self.scraper.last_samples  # the live view keeps the server's last values
-            self.scraper = None
+            self.scraper.stop()  # kept: its last scrape stays the server's latest numbers (latest_samples)
         if self.is_controller and self.run_dir is not None:
             self.tracker.end()
             self._save_timeline(self.tracker.timeline, finished=True)
-            if self.live_enabled:
-                self.last_live = live_table(self.live.frame(), self.tracker.timeline, time.time())
-            self.last_run_dir = self.run_dir
-            table = finalize(self.run_dir)
-            self.last_table = table
-            print("\n" + format_table(table), flush=True)
-            lines = [*diagnose(table).text, *worker_lines(self.workers, self.started_at)]
-            print("\n".join(["", "Diagnosis:", *(f"- {line}" for line in lines)]), flush=True)
-            records = load_records(self.run_dir, columns=REQUEST_COLUMNS)  # not the per-chunk lists: GBs at scale
-            models = records["model"].dropna().unique()
-            check = integrity(records, load_metrics(self.run_dir), str(models[0]) if len(models) == 1 else None)
-            print("\n".join(["", "Integrity check:", *(f"- {line}" for line in check["text"])]), flush=True)
-            gate = slo_gate(self.run_dir, records)
-            self.slo_failed = gate is not None and not gate["passed"]
-            if gate is not None:
-                print("\n".join(["", "SLO gate:", *(f"- {line}" for line in gate["text"])]), flush=True)
-            ceiling = efficiency_ceiling(self.run_dir, table)
-            if ceiling is not None:
-                print("\n".join(["", "Efficiency ceiling:", *(f"- {line}" for line in ceiling["text"])]), flush=True)
-            write_summary_md(self.run_dir, table, gate, lines)
-            self._judge_errors(environment)
-            print(f"\nResults: {self.run_dir / 'requests.parquet'}, {self.run_dir / STEPS_FILE}", flush=True)
-            if not getattr(environment.parsed_options, "no_report", False):
-                from analysis.report import write_report  # plotly is only imported when a report is written
-
-                print(f"Report: {write_report(self.run_dir)}", flush=True)
+            # Every table and verdict, the files and the console text (analysis.finish).
+            self.outcome = finish_run(
+                self.run_dir,
+                report=not getattr(environment.parsed_options, "no_report", False),
+                echo=lambda text: print(text, flush=True),
+            )
             self.tracker.reset()
-            self.run_dir = None  # finalize once per run, even if Locust fires test_stop twice
+            self.run_dir = None  # finish once per run, even if Locust fires test_stop twice
 
     def _intended_users(self) -> int | None:
         """The current step's target users (all processes together), for the self-check rows."""
         state = self.tracker.state
         return state.users if state is not None else getattr(self.environment.runner, "target_user_count", None)
 
-    def _judge_errors(self, environment) -> None:
-        failed, total = error_counts(self.run_dir)
-        limit = opts_mod.parse_rate(environment.parsed_options.max_error_rate, "--max-error-rate")
-        rate = failed / total if total else 0.0
-        self.errors_over_limit = rate > limit
-        verdict = "over" if self.errors_over_limit else "within"
-        print(
-            f"Errors: {failed} of {total} requests ({rate:.2%}), {verdict} --max-error-rate {limit:.2%}",
-            flush=True,
-        )
+    def latest_samples(self) -> list[tuple[str, dict, float]] | None:
+        """The server's latest scrape: this run's, or the last run's last one (None when not scraped)."""
+        return self.scraper.last_samples if self.scraper is not None else None
 
     def on_quitting(self, environment, **_kw) -> None:
         """The process exit code: 0 ok, 1 errors over --max-error-rate or a broken --slo (headless), 2 the tool
@@ -354,12 +302,14 @@ class RunContext:
         if locust.log.unhandled_greenlet_exception or environment.runner.exceptions:
             # An exception escaped the suite's own code (Locust logs it with its traceback): a bug, not a verdict.
             environment.process_exit_code = EXIT_CRASH
-        elif self.errors_over_limit is not None:
+        elif self.outcome is not None:
             # A broken SLO fails a headless run (a pipeline's gate); in the web UI it is shown, not an exit code.
-            slo_failed = self.slo_failed and environment.parsed_options.headless
-            environment.process_exit_code = EXIT_ERRORS if self.errors_over_limit or slo_failed else EXIT_OK
+            slo_failed = self.outcome.slo_failed and environment.parsed_options.headless
+            over = self.outcome.errors_over_limit
+            environment.process_exit_code = EXIT_ERRORS if over or slo_failed else EXIT_OK
 
     def _start_scraper(self, options) -> None:
+        self.scraper = None  # the last run's, if any: its numbers are not this run's
         url = options.metrics_url or (f"{(options.host or '').rstrip('/')}/metrics" if options.host else "")
         if not url or url == "off":
             return
@@ -382,8 +332,6 @@ class RunContext:
             line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
         if self.shipper is not None:
             self.shipper.add(line)
-        if self.live_enabled:
-            self.live.add({f: getattr(record, f) for f in LIVE_FIELDS})
 
     def _workers_changed(self) -> None:
         if self.ledger is not None:
@@ -409,21 +357,29 @@ class RunContext:
         write_run(self.run_dir, data)
 
 
+def check_options(options) -> None:
+    """Every check of the suite's options that needs no server; raises ValueError with a one-line message."""
+    opts_mod.check(options)
+    check_dataset(options)
+
+
 def register(environment) -> RunContext:
     """Attach the suite to an environment (call from an `init` listener)."""
-    if not hasattr(environment.events, "llm_request"):
-        environment.events.llm_request = EventHook()
+    events = environment.events
+    for name in SUITE_EVENTS:
+        if not hasattr(events, name):
+            setattr(events, name, EventHook())
     ctx = RunContext(environment)
     environment.vllm_loadtest = ctx
-    environment.events.test_start.add_listener(ctx.on_test_start)
-    environment.events.test_stopping.add_listener(ctx.on_test_stopping)
-    environment.events.test_stop.add_listener(ctx.on_test_stop)
-    environment.events.llm_request.add_listener(ctx.on_record)
-    environment.events.quitting.add_listener(ctx.on_quitting)
-    if ctx.live_enabled:
-        from locustfiles.webui import LLMTab
-
-        ctx.tab = LLMTab(environment, ctx)
+    events.test_start.add_listener(ctx.on_test_start)
+    events.test_stopping.add_listener(ctx.on_test_stopping)
+    events.test_stop.add_listener(ctx.on_test_stop)
+    events.llm_request.add_listener(ctx.on_record)
+    events.quitting.add_listener(ctx.on_quitting)
+    if getattr(environment, "web_ui", None) is not None and ctx.is_controller:
+        # Registered after the run context: its test_start resolves the run directory the tab reads, and its
+        # test_stop has finished the run when the tab's runs.
+        LLMTab(environment, latest_samples=ctx.latest_samples)
     return ctx
 
 
@@ -476,7 +432,7 @@ def _on_init(environment, **_kw) -> None:
             logger.info(message)
     if options is not None and environment.runner is not None and not isinstance(environment.runner, WorkerRunner):
         try:
-            opts_mod.check(options)
+            check_options(options)
             if options.headless:
                 check_run_dir(Path(options.run_dir or "reports"))
             if options.headless and options.host:

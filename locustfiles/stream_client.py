@@ -149,7 +149,9 @@ class StreamClient:
         for name, value in fields.items():
             if "\r" in value or "\n" in value:
                 raise ValueError(f"header {name} contains a line break")
-        self._head = f"POST {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items())
+        # The request line and fixed headers, the same for every request of this client: prepared bodies are
+        # shared between clients whose heads are equal.
+        self.head = f"POST {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items())
         self.keep_alive = keep_alive
         self.kernel_stamps = KERNEL_STAMPS and not tls  # a TLS socket has no recvmsg
         _watchdog.watch(self)
@@ -164,7 +166,7 @@ class StreamClient:
 
     def prepare(self, body: bytes) -> tuple[bytes, bytes]:
         """The request bytes before and after the X-Request-Id value (the only part that changes)."""
-        head = f"{self._head}Content-Length: {len(body)}\r\nX-Request-Id: "
+        head = f"{self.head}Content-Length: {len(body)}\r\nX-Request-Id: "
         return head.encode("latin-1"), b"\r\n\r\n" + body
 
     def stream(self, prepared: tuple[bytes, bytes], request_id: str, on_line: Callable[[float, bytes], object]) -> None:

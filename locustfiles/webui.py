@@ -4,6 +4,10 @@ Built on Locust's own extension points, no custom React build: `template_args` k
 `extended_tables` and `extended_csv_files`, and rows injected as `extended_stats` into `/stats/requests`, which
 the UI polls every couple of seconds. The numbers come from `analysis.live`, i.e. the same step table as the
 final report. Cells are plain text: the UI renders them as text, so server-provided strings cannot run.
+
+The tab owns its state and listens to events itself: test_start (a new run: its run directory, whose run.json
+holds the step timeline), the suite's llm_request (a finished request of this process) and llm_worker_records (a
+batch of records a worker shipped to the master), and test_stop (the run's end has been written: its final rows).
 """
 
 from __future__ import annotations
@@ -12,16 +16,17 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from flask import Response, request
 
 from analysis import glossary
-from analysis.live import latest_gauges, live_table
-
-if TYPE_CHECKING:
-    from locustfiles.plugin import RunContext
+from analysis.live import LiveRecords, latest_gauges, live_table
+from analysis.records import RECORDS_DIR
+from analysis.run import read_run
+from locustfiles.distributed import RECORDS_EVENT
+from locustfiles.options import api_key
 
 logger = logging.getLogger("vllm_loadtest.webui")
 
@@ -42,10 +47,20 @@ def _row(scope: str, stats: dict, gauges: dict) -> dict:
 
 
 class LLMTab:
-    def __init__(self, environment, ctx: RunContext) -> None:
+    """The tab of one web UI (master or local runner): registers its routes and its event listeners."""
+
+    def __init__(self, environment, latest_samples: Callable[[], list | None]) -> None:
         self.environment = environment
-        self.ctx = ctx
+        self.latest_samples = latest_samples  # the server's latest scrape (None when not scraped)
+        self.live = LiveRecords()  # the finished requests of the current (or last) run
+        self.run_dir: Path | None = None  # the current (or last) run's
+        self._final: list[dict] | None = None  # the last run's rows, once its end has been written
         self._cache: tuple[float, list[dict]] = (0.0, [])
+        events = environment.events
+        events.test_start.add_listener(self._on_test_start)
+        events.test_stop.add_listener(self._on_test_stop)
+        events.llm_request.add_listener(self._on_record)
+        getattr(events, RECORDS_EVENT).add_listener(self._on_worker_records)
         web_ui = environment.web_ui
         web_ui.template_args["extended_tabs"] = [{"title": "LLM", "key": TAB}]
         web_ui.template_args["extended_tables"] = [
@@ -66,6 +81,31 @@ class LLMTab:
         app.add_url_rule(f"{base}/llm/requests.parquet", "llm_records", auth(self._records_download))
         app.add_url_rule(f"{base}/llm/report.html", "llm_report", auth(self._report_download))
 
+    # --- events -----------------------------------------------------------------------------------------
+    def _on_test_start(self, environment, **_kw) -> None:
+        # Listens after the plugin's test_start, which has set the run's directory on the options.
+        run_dir = environment.parsed_options.run_dir
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.live.reset()
+        self._final = None
+        self._cache = (0.0, [])
+
+    def _on_record(self, record, **_kw) -> None:
+        self.live.add_record(record)
+
+    def _on_worker_records(self, lines: bytes, **_kw) -> None:
+        self.live.add_lines(lines)
+
+    def _on_test_stop(self, environment, **_kw) -> None:
+        # Listens after the plugin's test_stop: every worker's records have arrived and run.json holds the final
+        # timeline, so these rows are the final table's, kept until the next run.
+        self._final = None
+        self._cache = (0.0, [])
+        try:
+            self._final = self._compute()
+        except Exception:  # the LLM tab must never fail the run (an exception here would set its exit code)
+            logger.exception("cannot compute the LLM tab's final rows")
+
     # --- live rows ------------------------------------------------------------------------------------
     def rows(self) -> list[dict]:
         now = time.monotonic()
@@ -76,18 +116,14 @@ class LLMTab:
         return rows
 
     def _compute(self) -> list[dict]:
-        ctx = self.ctx
-        timeline = ctx.tracker.timeline
-        if not timeline and ctx.last_live is None:
+        if self._final is not None:
+            return self._final
+        timeline = (read_run(self.run_dir).get("timeline") or []) if self.run_dir is not None else []
+        if not timeline:
             return []
-        # After the run: the last scrape's values (the scraper is gone), and the last step, not a "current" one.
-        scrape = ctx.scraper.last_samples if ctx.scraper is not None else ctx.last_samples
-        gauges = latest_gauges(scrape, ctx.environment.parsed_options.model or None)
+        gauges = latest_gauges(self.latest_samples(), self.environment.parsed_options.model or None)
         running = self.environment.runner.state in ("spawning", "running")
-        if timeline:
-            table, whole = live_table(ctx.live.frame(), timeline, time.time())
-        else:  # the run ended: keep showing its last numbers
-            table, whole = ctx.last_live
+        table, whole = live_table(self.live.frame(), timeline, time.time())
         rows = []
         if len(table):
             current = table.iloc[-1].to_dict()
@@ -112,8 +148,6 @@ class LLMTab:
 
     # --- the API key never reaches the browser -----------------------------------------------------------
     def _secrets(self) -> list[str]:
-        from locustfiles.options import api_key
-
         key = api_key(self.environment.parsed_options)
         return [key] if key and len(key) >= 4 else []
 
@@ -141,9 +175,6 @@ class LLMTab:
             request.form = form
 
     # --- downloads ------------------------------------------------------------------------------------
-    def _run_dir(self):
-        return self.ctx.run_dir or self.ctx.last_run_dir
-
     def _snapshot(self, kind: str, filename: str, mimetype: str) -> Response:
         """Build a download in a separate process: pandas and plotly would hold this process's event loop (and with
         it every stream's timestamps) for seconds; gevent's subprocess waits for it cooperatively."""
@@ -151,8 +182,8 @@ class LLMTab:
 
         from gevent import subprocess
 
-        run_dir = self._run_dir()
-        if run_dir is None:
+        run_dir = self.run_dir
+        if run_dir is None or not (run_dir / RECORDS_DIR).is_dir():
             return Response("no run yet: start one first\n", status=404, mimetype="text/plain")
         with tempfile.TemporaryDirectory(prefix="vllm-loadtest-") as tmp:
             out = Path(tmp) / filename

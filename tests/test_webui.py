@@ -84,7 +84,9 @@ def test_llm_tab_live_rows_in_a_distributed_run_match_the_final_table(fake_serve
     assert abs(float(last["ttft_p50_ms"]) - steps["ttft_p50_s"].iloc[-1] * 1000) <= 0.051
     assert abs(float(last["aggregate_tok_s"]) - steps["aggregate_tok_s"].iloc[-1]) <= 0.051
     records = pd.read_parquet(run_dir / "requests.parquet")
-    assert records["worker"].nunique() == 2 and (records["status"] == "ok").all()  # the key reached the server
+    # The key reached the server: every request ok, but those the stop cut off (in flight when the run ended).
+    measured = records[records["error_type"] != "cut_off"]
+    assert records["worker"].nunique() == 2 and len(measured) and (measured["status"] == "ok").all()
     assert "Plotly.newPlot" in report_so_far and records_download[:4] == b"PAR1"
     for path in run_dir.rglob("*"):
         if path.is_file():

@@ -370,23 +370,9 @@ def reference_cdf_points(sorted_values: np.ndarray) -> tuple[np.ndarray, np.ndar
     return sorted_values, np.arange(1, len(sorted_values) + 1) / len(sorted_values)
 
 
-def reference_write_report(run_dir: Path, compare: list[Path] | None = None) -> Path:
-    """analysis.report.write_report before the fast path: the records read twice, with their per-chunk lists."""
-    from analysis.report import REPORT_FILE, SUMMARY_FILE, build_report, summary
-    from analysis.run import STEPS_FILE
-
-    run_dir = Path(run_dir)
-    records = pd.read_parquet(run_dir / REQUESTS_FILE)
-    table = pd.read_csv(run_dir / STEPS_FILE)
-    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary(run_dir, table, records), indent=2, default=str))
-    path = run_dir / REPORT_FILE
-    path.write_text(build_report(run_dir, compare), encoding="utf-8")
-    return path
-
-
 def reference_report(run_dir: Path) -> None:
     """`python -m analysis report RUN_DIR` as it was before the fast path, in this process: the reference merge,
-    ITL samples, CDF points and write_report, and a TTFT marker for every request."""
+    ITL samples and CDF points, and a TTFT marker for every request (the rest is analysis.finish's)."""
     import analysis.report
     import analysis.run
     import analysis.steps
@@ -398,7 +384,6 @@ def reference_report(run_dir: Path) -> None:
             (analysis.steps, "itl_samples", reference_itl_samples),
             (analysis.report, "cdf_points", reference_cdf_points),
             (analysis.report, "TIMELINE_POINTS", math.inf),
-            (analysis.report, "write_report", reference_write_report),
         ):
             patches.enter_context(mock.patch.object(module, name, value))
         with contextlib.redirect_stdout(io.StringIO()):  # the same table as the fast run's, printed once is enough

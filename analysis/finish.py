@@ -1,0 +1,215 @@
+"""The end of a run, computed once: the step table and every verdict on it (diagnosis, integrity check, SLO gate,
+efficiency ceiling, error limit), the files of the run directory, and the console text.
+
+The live run (locustfiles/plugin.py), `python -m analysis report RUN_DIR` and the web UI's snapshot all come
+here, so a run reads the same however it was finished. Pure: no Locust, no network.
+
+    outcome = finish_run(run_dir)         # writes steps.csv, summary.json, summary.md, report.html
+    outcome = compute_so_far(run_dir)     # the same numbers for a run in progress; writes nothing
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import __version__ as SUITE_VERSION
+from analysis.diagnosis import Diagnosis, diagnose, worker_lines
+from analysis.integrity import integrity
+from analysis.live import close_open_steps
+from analysis.records import REQUEST_COLUMNS, REQUESTS_FILE, single_model
+from analysis.run import (
+    REPORT_FILE,
+    STEPS_FILE,
+    SUMMARY_FILE,
+    SUMMARY_MD_FILE,
+    compute_table,
+    dataset_info,
+    efficiency_ceiling,
+    error_limit,
+    merged,
+    read_run,
+    slo_gate,
+    write_summary_md,
+)
+from analysis.sse import CUT_OFF
+from analysis.steps import format_table, timeline_from_records
+
+
+@dataclass
+class Outcome:
+    """Everything the end of a run computed; the report, summary.json, summary.md and the console read it."""
+
+    run_dir: Path
+    run: dict  # run.json (its timeline's open steps closed, for a run in progress)
+    table: pd.DataFrame  # steps.csv
+    records: pd.DataFrame  # the records without their per-chunk lists (REQUEST_COLUMNS)
+    metrics: pd.DataFrame | None
+    generator: pd.DataFrame
+    diagnosis: Diagnosis
+    diagnosis_lines: list[str]  # the diagnosis, then a line per worker that went missing or sent no final report
+    integrity: dict
+    slo: dict | None  # None without --slo
+    ceiling: dict | None  # None without a bandwidth and --model-bytes
+    errors: dict  # the --max-error-rate verdict (analysis.run.error_limit)
+    summary: dict = field(default_factory=dict)  # summary.json
+    console: str = ""  # what the end of the run prints
+    files: dict[str, Path] = field(default_factory=dict)  # the files written, by name
+
+    @property
+    def errors_over_limit(self) -> bool:
+        return bool(self.errors["over_limit"])
+
+    @property
+    def slo_failed(self) -> bool:
+        return self.slo is not None and not self.slo["passed"]
+
+
+def _git_revision() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _section(title: str, lines: list[str]) -> str:
+    return "\n".join(["", f"{title}:", *(f"- {line}" for line in lines)])
+
+
+def _summary(outcome: Outcome) -> dict:
+    """summary.json: the run's totals, its step table and its verdicts, machine-readable."""
+    run, records = outcome.run, outcome.records
+    cut = records["error_type"] == CUT_OFF
+    errors = records[(records["status"] != "ok") & ~cut]["error_type"].value_counts().to_dict()
+    ok = records[records["status"] == "ok"]
+    return {
+        "run_dir": str(outcome.run_dir),
+        "started_at": run.get("started_at"),
+        "finished_at": run.get("finished_at"),
+        "options": run.get("options", {}),
+        "dataset": dataset_info(run),
+        "models": sorted(records["model"].dropna().unique().tolist()),
+        "requests": len(records),
+        "ok": len(ok),
+        "errors": {str(k): int(v) for k, v in errors.items()},
+        "cut_off": int(cut.sum()),
+        "output_tokens": int(ok["output_tokens"].sum()) if len(ok) else 0,
+        "steps": json.loads(outcome.table.to_json(orient="records")),  # NaN -> null: missing stays missing
+        "diagnosis": outcome.diagnosis.to_dict(),
+        "integrity": outcome.integrity,
+        "slo": outcome.slo,
+        "ceiling": outcome.ceiling,
+        "workers": run.get("workers") or [],
+        "server_version": run.get("server_version"),
+        "suite_version": run.get("suite_version") or SUITE_VERSION,
+        "suite_revision": _git_revision(),
+    }
+
+
+def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float | None = None) -> Outcome:
+    """The table and the verdicts, each computed once; with write, the merged files and steps.csv are written."""
+    run_dir = Path(run_dir)
+    run = read_run(run_dir)
+    full, metrics, generator = merged(run_dir, write=write)
+    timeline = run.get("timeline") or timeline_from_records(full)
+    if now is not None:
+        timeline = close_open_steps(timeline, now)
+    run = {**run, "timeline": timeline}
+    table = compute_table(full, timeline, metrics, generator)
+    if write:
+        table.to_csv(run_dir / STEPS_FILE, index=False)
+    echo("\n" + format_table(table))
+    diagnosis = diagnose(table)
+    lines = [*diagnosis.text, *worker_lines(run.get("workers") or [], run.get("started_at"))]
+    echo(_section("Diagnosis", lines))
+    gate = slo_gate(run_dir, full, run)  # the per-chunk lists are still here, for ITL objectives
+    records = full[REQUEST_COLUMNS]  # the rest needs no per-chunk lists: most of a long run's data
+    del full
+    check = integrity(records, metrics, single_model(records))
+    echo(_section("Integrity check", check["text"]))
+    if gate is not None:
+        echo(_section("SLO gate", gate["text"]))
+    ceiling = efficiency_ceiling(run_dir, table, run)
+    if ceiling is not None:
+        echo(_section("Efficiency ceiling", ceiling["text"]))
+    errors = error_limit(records, (run.get("options") or {}).get("max_error_rate"))
+    echo(errors["text"])
+    outcome = Outcome(
+        run_dir=run_dir,
+        run=run,
+        table=table,
+        records=records,
+        metrics=metrics,
+        generator=generator,
+        diagnosis=diagnosis,
+        diagnosis_lines=lines,
+        integrity=check,
+        slo=gate,
+        ceiling=ceiling,
+        errors=errors,
+    )
+    outcome.summary = _summary(outcome)
+    return outcome
+
+
+def finish_run(
+    run_dir: Path,
+    *,
+    compare: list[Path] | None = None,
+    report: bool = True,
+    echo: Callable[[str], None] | None = None,
+) -> Outcome:
+    """Merge the run directory's raw files and write steps.csv, summary.json, summary.md and (with report)
+    report.html; `echo` gets each part of the console text as soon as it is known (the report takes a while)."""
+    run_dir = Path(run_dir)
+    console: list[str] = []
+
+    def say(text: str) -> None:
+        console.append(text)
+        if echo is not None:
+            echo(text)
+
+    outcome = _compute(run_dir, write=True, echo=say)
+    files = {STEPS_FILE: run_dir / STEPS_FILE}
+    files[SUMMARY_MD_FILE] = write_summary_md(run_dir, outcome.table, outcome.slo, outcome.diagnosis_lines, outcome.run)
+    files[SUMMARY_FILE] = run_dir / SUMMARY_FILE
+    files[SUMMARY_FILE].write_text(json.dumps(outcome.summary, indent=2, default=str))
+    say(f"\nResults: {run_dir / REQUESTS_FILE}, {run_dir / STEPS_FILE}")
+    if report:
+        from analysis.report import build_report  # plotly is only imported when a report is written
+
+        files[REPORT_FILE] = run_dir / REPORT_FILE
+        files[REPORT_FILE].write_text(build_report(outcome, compare), encoding="utf-8")
+        say(f"Report: {files[REPORT_FILE]}")
+    outcome.files = files
+    outcome.console = "\n".join(console)
+    return outcome
+
+
+def compute_so_far(run_dir: Path, now: float | None = None) -> Outcome:
+    """The outcome of a run still in progress, its running step measured up to `now`; nothing is written into its
+    directory (the run is still writing there)."""
+    console: list[str] = []
+    outcome = _compute(Path(run_dir), write=False, echo=console.append, now=time.time() if now is None else now)
+    outcome.console = "\n".join(console)
+    return outcome
+
+
+def report_so_far(run_dir: Path) -> str:
+    """report.html of a run in progress (the web UI's download), through the same pipeline as the end of a run."""
+    from analysis.report import build_report
+
+    return build_report(compute_so_far(run_dir))
