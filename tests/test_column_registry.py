@@ -220,26 +220,6 @@ def _imports(path) -> set[str]:
 
 
 @pytest.mark.unit
-def test_no_import_cycle_in_analysis_lazy_imports_included():
-    graph = {f"analysis.{p.stem}": _imports(p) for p in (ROOT / "analysis").glob("*.py") if p.stem != "__main__"}
-    assert graph["analysis.glossary"] <= {"analysis.thresholds"}  # the registry depends on nothing but its numbers
-    assert graph["analysis.thresholds"] == set()
-
-    def cycle_from(start: str, node: str, path: list[str]) -> list[str] | None:
-        for nxt in sorted(graph.get(node, ())):
-            if nxt == start:
-                return [*path, nxt]
-            if nxt not in path:
-                found = cycle_from(start, nxt, [*path, nxt])
-                if found:
-                    return found
-        return None
-
-    for module in graph:
-        assert cycle_from(module, module, [module]) is None, f"import cycle: {cycle_from(module, module, [module])}"
-
-
-@pytest.mark.unit
 def test_single_model():
     assert single_model(pd.DataFrame({"model": ["m", "m", None]})) == "m"
     assert single_model(pd.DataFrame({"model": ["a", "b"]})) is None

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from locust.argument_parser import get_parser
 
 from locustfiles import options as options_mod
 from locustfiles.plugin import SAVED_OPTIONS
+
+pytestmark = pytest.mark.unit
 
 SECRETS = {"api_key"}  # --api-key-env (the variable's name) is saved, the key itself never
 

@@ -1,5 +1,5 @@
 """Bad input found in this process, by the same checks a headless run makes before any load and in their order
-(locustfiles/plugin.py at Locust's init): Locust's parser with the suite's arguments, options.check(), the run
+(locustfiles/plugin.py at Locust's init): Locust's parser with the suite's arguments, plugin.check_options(), the run
 directory, and, with --host, the preflight questions to the server. What the run then prints and its exit code 3
 are checked by a few real runs (tests/test_bad_input.py)."""
 
@@ -9,7 +9,7 @@ import io
 from contextlib import redirect_stderr
 from pathlib import Path
 
-from locustfiles import options as options_mod
+from locustfiles.plugin import check_options
 from locustfiles.preflight import SetupError, check_run_dir, preflight
 from tests.helpers.inprocess import parse_options
 
@@ -25,7 +25,7 @@ def first_error(*args: str) -> str:
         assert e.code == 3 and len(lines) == 1 and lines[0].startswith("error: "), (e.code, lines)
         return lines[0]
     try:
-        options_mod.check(options)
+        check_options(options)
         check_run_dir(Path(options.run_dir or "reports"))
         if options.host:
             preflight(options)
