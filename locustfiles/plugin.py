@@ -29,6 +29,7 @@ from locust.event import EventHook
 from locust.runners import MasterRunner, WorkerRunner
 
 from analysis import __version__ as SUITE_VERSION
+from analysis import servers
 from analysis.diagnosis import diagnose, worker_lines
 from analysis.integrity import integrity
 from analysis.live import FIELDS as LIVE_FIELDS
@@ -57,6 +58,8 @@ from locustfiles.preflight import (
     discover_model,
     fetch_server_version,
     preflight,
+    resolve_server,
+    server_profile_entry,
 )
 from locustfiles.scraper import MetricsScraper
 from locustfiles.shape import StepTracker
@@ -84,6 +87,7 @@ SAVED_OPTIONS = [
     "read_timeout",
     "api_key_env",
     "no_continuous_usage",
+    "server_type",
     "keep_alive",
     "steps",
     "rates",
@@ -236,6 +240,13 @@ class RunContext:
                 logger.error("%s; fix it in the start form", e)
                 gevent.spawn(environment.runner.stop)
                 return
+        if self.is_controller and options.host:
+            try:
+                resolve_server(options)  # --server-type (auto: detected); a headless run's preflight decided it
+            except SetupError as e:
+                logger.error("%s; fix it in the start form", e)
+                gevent.spawn(environment.runner.stop)
+                return
         if self.is_controller:
             if not options.run_dir or options.run_dir == self._generated_run_dir:
                 self._generated_run_dir = str(default_run_dir())
@@ -311,7 +322,9 @@ class RunContext:
             print("\n".join(["", "Diagnosis:", *(f"- {line}" for line in lines)]), flush=True)
             records = load_records(self.run_dir, columns=REQUEST_COLUMNS)  # not the per-chunk lists: GBs at scale
             models = records["model"].dropna().unique()
-            check = integrity(records, load_metrics(self.run_dir), str(models[0]) if len(models) == 1 else None)
+            model = str(models[0]) if len(models) == 1 else None
+            profile = servers.of_options(environment.parsed_options)
+            check = integrity(records, load_metrics(self.run_dir), model, profile)
             print("\n".join(["", "Integrity check:", *(f"- {line}" for line in check["text"])]), flush=True)
             gate = slo_gate(self.run_dir, records)
             self.slo_failed = gate is not None and not gate["passed"]
@@ -361,15 +374,18 @@ class RunContext:
 
     def _start_scraper(self, options) -> None:
         url = options.metrics_url or (f"{(options.host or '').rstrip('/')}/metrics" if options.host else "")
-        if not url or url == "off":
-            return
+        if not url or url == "off" or not (servers.of_options(options).metrics or options.metrics_url):
+            return  # a server type without /metrics is only scraped at an explicit --metrics-url
         # With --model the scraper keeps only that model's samples; otherwise the analysis filters by the model
         # the records name (a server serving several models labels each sample with its model_name).
-        self.scraper = MetricsScraper(url, options.scrape_interval, self.run_dir, model=options.model or None).start()
+        server = servers.of_options(options).name
+        self.scraper = MetricsScraper(
+            url, options.scrape_interval, self.run_dir, model=options.model or None, server=server
+        ).start()
 
     def _read_server_version(self, host: str) -> None:
         """vLLM's version from its /version endpoint, for the report's metadata; absent on other servers."""
-        self.server_version = fetch_server_version(host)
+        self.server_version = fetch_server_version(host, profile=servers.of_options(self.environment.parsed_options))
         self._save_timeline(self.tracker.timeline)
 
     def on_record(self, record: RequestRecord, **_kw) -> None:
@@ -401,6 +417,7 @@ class RunContext:
             "suite_version": SUITE_VERSION,
             "server_version": self.server_version,
             "options": {k: getattr(options, k, None) for k in SAVED_OPTIONS},
+            "server_profile": server_profile_entry(options),  # the server type used and how it was decided
             # How this process built --dataset (tokenizer or estimates, items, notes); a master builds none.
             "dataset": self.dataset_info or {"spec": getattr(options, "dataset", "fixed")},
             "timeline": timeline,
