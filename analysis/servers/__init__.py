@@ -169,7 +169,7 @@ def detect(metric_names: Iterable[str] | None, version: object = None) -> tuple[
     # vLLM (or hides behind a proxy). Sending vLLM's extensions to a server that rejects unknown fields (OpenAI's
     # API does, with HTTP 400) fails every request; the generic profile works everywhere, at the cost of per-chunk
     # usage (tokens are counted from the final usage) and of --ignore-eos (refused: see the option's help).
-    return PROFILES[FALLBACK], "no /metrics names or /version recognised: the generic OpenAI-compatible profile"
+    return PROFILES[FALLBACK], "fallback: neither /metrics names nor /version recognised"
 
 
 def metric_names(samples: Iterable[tuple]) -> set[str]:

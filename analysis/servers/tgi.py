@@ -25,7 +25,7 @@ SERIES = {
     "waiting": "tgi_queue_size",
     "waiting_by_reason": None,
     "preemptions": None,
-    "success": "tgi_request_success",
+    "success": "tgi_request_success_total",
     "generation_tokens": "tgi_request_generated_tokens_sum",
     "prefix_cache_queries": None,
     "prefix_cache_hits": None,
@@ -33,8 +33,9 @@ SERIES = {
     "queue_histogram": "tgi_request_queue_duration",
     "cache_config": None,
 }
-# A Prometheus client that appends _total to counters renders the same counter under this name.
-ALIASES = {"tgi_request_success_total": "tgi_request_success"}
+# TGI renders the counter as `tgi_request_success` (metrics-exporter-prometheus appends no _total); the parser
+# (prometheus_client) names a counter's sample with _total, the alias keeps either spelling.
+ALIASES = {"tgi_request_success": "tgi_request_success_total"}
 SUCCESS_REASONS = None
 CONTINUOUS_USAGE_STATS = False
 IGNORE_EOS = False
