@@ -54,7 +54,8 @@ def test_auto_detects_the_generic_profile_on_a_strict_server_and_vllm_on_the_fak
     strict = fake_server("--strict", "--ttft-ms", "10", "--itl-ms", "2")
     proc = run(strict.url, tmp_path / "strict")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Server type: openai" in proc.stderr and "fallback: neither /metrics names nor /version recognised" in proc.stderr
+    assert "Server type: openai" in proc.stderr
+    assert "fallback: neither /metrics names nor /version recognised" in proc.stderr
     entry = json.loads((tmp_path / "strict" / "run.json").read_text())["server_profile"]
     assert entry["name"] == "openai" and entry["decided"] == "detected"
     assert (finished(tmp_path / "strict")["status"] == "ok").all()
