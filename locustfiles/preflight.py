@@ -10,6 +10,7 @@ import logging
 import os
 from pathlib import Path
 
+import gevent
 from geventhttpclient import HTTPClient
 from geventhttpclient.url import URL
 
@@ -149,13 +150,15 @@ def fetch_metric_names(url: str, timeout: float = 5.0) -> set[str] | None:
         return None
 
 
-def detect_server(options, timeout: float = 5.0) -> tuple[servers.ServerProfile, str]:
-    """The network part of --server-type auto: the names at /metrics and the answer of /version, judged by the
-    pure servers.detect()."""
+def detect_server(options, timeout: float | None = None) -> tuple[servers.ServerProfile, str]:
+    """The network part of --server-type auto: the names at /metrics and the answer of /version (asked at once),
+    judged by the pure servers.detect(). Timeout: a scrape's (1-5 s), since it delays the start of the run."""
+    if timeout is None:
+        timeout = max(1.0, min(5.0, float(getattr(options, "scrape_interval", 1.0) or 1.0) * 2))
     url = metrics_url(options)
-    names = fetch_metric_names(url, timeout) if url else None
+    names = gevent.spawn(fetch_metric_names, url, timeout) if url else None
     version = _get_json(f"{options.host.rstrip('/')}/version", timeout) if options.host else None
-    return servers.detect(names, version)
+    return servers.detect(names.get() if names is not None else None, version)
 
 
 def resolve_server(options) -> servers.ServerProfile:
