@@ -374,8 +374,8 @@ class RunContext:
 
     def _start_scraper(self, options) -> None:
         url = options.metrics_url or (f"{(options.host or '').rstrip('/')}/metrics" if options.host else "")
-        if not url or url == "off" or not (servers.of_options(options).metrics or options.metrics_url):
-            return  # a server type without /metrics is only scraped at an explicit --metrics-url
+        if not url or url == "off" or not servers.of_options(options).metrics:
+            return  # --server-type openai: no /metrics, and no series the suite could name
         # With --model the scraper keeps only that model's samples; otherwise the analysis filters by the model
         # the records name (a server serving several models labels each sample with its model_name).
         server = servers.of_options(options).name

@@ -84,7 +84,10 @@ _PREFLIGHT_DATASETS: dict[tuple, Dataset] = {}
 def dataset_key(options, host: str, model: str) -> tuple:
     """Everything a built --dataset depends on."""
     o = options
-    return (host, model, o.dataset, o.endpoint, o.seed, o.num_prompts, o.prompt, getattr(o, "prompt_file", ""))
+    return (
+        host, model, o.dataset, o.endpoint, o.seed, o.num_prompts, o.prompt, getattr(o, "prompt_file", ""),
+        getattr(o, "server_profile", ""),  # the tokenizer endpoint is the profile's
+    )  # fmt: skip
 
 
 def preflight(options) -> None:
