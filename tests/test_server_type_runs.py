@@ -52,7 +52,7 @@ def test_openai_server_type_passes_against_a_strict_server_and_vllm_fails_with_4
 
 def test_auto_detects_the_generic_profile_on_a_strict_server_and_vllm_on_the_fake_vllm(fake_server, tmp_path):
     strict = fake_server("--strict", "--ttft-ms", "10", "--itl-ms", "2")
-    proc = run(strict.url, tmp_path / "strict")
+    proc = run(strict.url, tmp_path / "strict", "--endpoint", "chat")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Server type: openai" in proc.stderr
     assert "fallback: neither /metrics names nor /version recognised" in proc.stderr

@@ -59,7 +59,7 @@ class VersionEndpoint:
     field: str = "version"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # one instance per server type: compared (and hashed) by identity
 class ServerProfile:
     """What the suite must know about one kind of server."""
 
