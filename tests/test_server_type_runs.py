@@ -2,13 +2,16 @@
 (an unknown request field is an HTTP 400; no /metrics, /version or /tokenize)."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
 
 import pandas as pd
 
-from tests.conftest import ROOT
+from analysis.records import load_records
+from locustfiles.openai_user import OpenAIStreamingUser
+from tests.conftest import ROOT, run_in_process
 
 LOCUSTFILE = str(ROOT / "locustfiles" / "vllm_streaming.py")
 
@@ -82,3 +85,19 @@ def test_ignore_eos_with_a_server_without_it_is_refused_before_any_load(fake_ser
     assert strict.get("/stats")["requests"] == 0
     proc = run(strict.url, tmp_path / "r", "--server-type", "bogus")
     assert proc.returncode == 3 and "--server-type" in proc.stderr
+
+
+class User(OpenAIStreamingUser):
+    pass
+
+
+def test_auto_is_decided_at_test_start_without_a_preflight(fake_server, tmp_path, caplog):
+    """As in the web UI: no preflight ran, so the profile is detected when the test starts, before any request."""
+    caplog.set_level(logging.INFO, logger="vllm_loadtest")
+    server = fake_server("--strict", "--ttft-ms", "5", "--itl-ms", "1")
+    env = run_in_process(User, server.url, tmp_path, "--max-tokens", "4", users=2, seconds=2)
+    assert env.parsed_options.server_profile == "openai"
+    records = load_records(tmp_path)
+    assert len(records) > 0 and (records[records["error_type"] != "cut_off"]["status"] == "ok").all()
+    assert len([r for r in caplog.records if r.getMessage().startswith("Server type: openai")]) == 1
+    assert json.loads((tmp_path / "run.json").read_text())["server_profile"]["decided"] == "detected"
