@@ -46,6 +46,12 @@ def integrity(
     start = server.first_scrape
     if profile.success_reasons is None:
         finished = server.increase(SUCCESS, start, math.inf)
+        if profile.aborted_counter and not math.isnan(finished):
+            # The counter counts aborted requests too (SGLang: a client that goes away aborts its request, which
+            # then finishes); its abort counter takes them out. A labelled counter appears only once it has been
+            # incremented: absent from every scrape, it counted nothing.
+            aborted = server.increase(profile.aborted_counter, start, math.inf)
+            finished -= 0.0 if math.isnan(aborted) else aborted
     else:
         by_reason = [server.increase(SUCCESS, start, math.inf, finished_reason=r) for r in profile.success_reasons]
         by_reason = [v for v in by_reason if not math.isnan(v)]

@@ -35,7 +35,9 @@ M = "meta-llama/Llama-3.1-8B-Instruct"
 
 
 # --- metrics text, written from each server's documentation / metric-registration source -------------------------
-def sglang_text(running=3, queue=1, usage=0.28, requests=10, gen=640, prompt=1000, cached=250, retracted=0) -> str:
+def sglang_text(
+    running=3, queue=1, usage=0.28, requests=10, gen=640, prompt=1000, cached=250, retracted=0, aborted=None
+) -> str:
     """As SGLang's collector registers them (python/sglang/srt/metrics/collector.py), prometheus_client's format."""
     lab = f'model_name="{M}"'
     ttft = [(0.1, requests // 2), (0.2, requests), (float("inf"), requests)]
@@ -71,6 +73,12 @@ def sglang_text(running=3, queue=1, usage=0.28, requests=10, gen=640, prompt=100
         "# HELP sglang:num_retracted_requests_total Total number of retracted requests.\n"
         "# TYPE sglang:num_retracted_requests_total counter\n"
         f"sglang:num_retracted_requests_total{{{lab}}} {float(retracted)}\n"
+        + (
+            "# HELP sglang:num_aborted_requests_total Number of requests aborted.\n"
+            f"# TYPE sglang:num_aborted_requests_total counter\nsglang:num_aborted_requests_total{{{lab}}} {aborted}\n"
+            if aborted is not None
+            else ""  # a labelled counter appears once it has been incremented
+        )
         + hist("sglang:time_to_first_token_seconds", ttft, 0.12 * requests)
         + hist("sglang:queue_time_seconds", queue_b, 0.01 * requests)
     )
@@ -185,6 +193,10 @@ def test_sglang_series_land_on_the_canonical_names(tmp_path):
     check = integrity(records(10, 64), metrics, M, "sglang")
     assert check["available"] and check["server_finished"] == 10 and check["server_generated_tokens"] == 640
     assert not check["mismatch"]
+    # Two streams cut off at the end of the run: SGLang counts them finished, and aborted.
+    cut = parse_samples(sglang_text(requests=12, gen=640, aborted=2.0), profile="sglang")
+    check = integrity(records(10, 64), two_scrapes(tmp_path, before, cut), M, "sglang")
+    assert check["server_finished"] == 10 and check["requests_match"]
     # The same samples under the vLLM profile: its finished_reason filter finds no normal end.
     assert not integrity(records(10, 64), metrics, M, "vllm")["available"]
 

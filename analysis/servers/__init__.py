@@ -71,6 +71,8 @@ class ServerProfile:
     # finished_reason values that are a normal end in the success counter; None: the counter has no such label
     # and counts only requests that finished normally.
     success_reasons: tuple[str, ...] | None = ("stop", "length")
+    aborted_counter: str | None = None  # with success_reasons None: a counter of aborted requests the success
+    # counter includes, subtracted (kept under the server's own name)
     continuous_usage_stats: bool = False  # accepts stream_options.continuous_usage_stats (usage in every chunk)
     ignore_eos: bool = False  # accepts ignore_eos (exact output lengths)
     tokenizer: TokenizerEndpoint | None = None
@@ -113,6 +115,7 @@ def _profile(module) -> ServerProfile:
         series={key: module.SERIES.get(key) for key in CANONICAL},
         aliases=dict(getattr(module, "ALIASES", {})),
         success_reasons=module.SUCCESS_REASONS,
+        aborted_counter=getattr(module, "ABORTED_COUNTER", None),
         continuous_usage_stats=module.CONTINUOUS_USAGE_STATS,
         ignore_eos=module.IGNORE_EOS,
         tokenizer=TokenizerEndpoint(**module.TOKENIZER) if module.TOKENIZER else None,

@@ -13,7 +13,9 @@ Mapping notes:
 - The prefix-cache hit rate is a token ratio in vLLM (hits / queries, in prompt tokens); SGLang's counters of the
   same tokens are sglang:cached_tokens_total and sglang:prompt_tokens_total (its sglang:cache_hit_rate gauge is a
   moving value the step windows cannot take an increase of).
-- sglang:num_requests_total counts finished requests without a finish-reason label.
+- sglang:num_requests_total counts finished requests without a finish-reason label, aborted ones included (a
+  client that disconnects aborts its request: TokenizerManager.abort_request counts it in
+  sglang:num_aborted_requests_total, and the request then finishes); the integrity check subtracts the aborts.
 - No waiting-by-reason and no cache-config series: missing.
 """
 
@@ -35,6 +37,7 @@ SERIES = {
     "cache_config": None,
 }
 SUCCESS_REASONS = None
+ABORTED_COUNTER = "sglang:num_aborted_requests_total"
 CONTINUOUS_USAGE_STATS = True
 IGNORE_EOS = True
 # {"model", "prompt", "add_special_tokens"} -> {"tokens", "count", "max_model_len"}: vLLM's shape, prompts only.
