@@ -18,6 +18,7 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from analysis import __version__ as SUITE_VERSION
+from analysis import servers
 from analysis.diagnosis import diagnose, utc, worker_lines
 from analysis.generator import ADVICE, CPU_BOUND, LAG_BOUND_S, bound_steps, flagged, load_generator
 from analysis.glossary import GLOSSARY
@@ -75,7 +76,8 @@ def summary(run_dir: Path, table: pd.DataFrame, records: pd.DataFrame) -> dict:
         "output_tokens": int(ok["output_tokens"].sum()) if len(ok) else 0,
         "steps": steps,
         "diagnosis": diagnose(table).to_dict(),
-        "integrity": integrity(records, load_metrics(run_dir), _single_model(records)),
+        "integrity": integrity(records, load_metrics(run_dir), _single_model(records), servers.of_run(run)),
+        "server_profile": run.get("server_profile"),
         "slo": slo_gate(run_dir, records),
         "ceiling": efficiency_ceiling(run_dir, table),
         "workers": run.get("workers") or [],
@@ -550,7 +552,7 @@ def build_report(
             f"<p>{cut_off} request(s) were still running when the load generator stopped: recorded as cut_off, "
             "neither counted as errors nor measured.</p>"
         )
-    check = integrity(records, metrics, _single_model(records))
+    check = integrity(records, metrics, _single_model(records), servers.of_run(run))
     parts.append(
         "<h2>Integrity check</h2><p>The client's records against the server's own counters over the run.</p><ul>"
         + "".join(
