@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import __version__ as SUITE_VERSION
+from analysis import servers
 from analysis.diagnosis import Diagnosis, diagnose, worker_lines
 from analysis.integrity import integrity
 from analysis.live import close_open_steps
@@ -110,6 +111,7 @@ def _summary(outcome: Outcome) -> dict:
         "steps": json.loads(outcome.table.to_json(orient="records")),  # NaN -> null: missing stays missing
         "diagnosis": outcome.diagnosis.to_dict(),
         "integrity": outcome.integrity,
+        "server_profile": run.get("server_profile"),
         "slo": outcome.slo,
         "ceiling": outcome.ceiling,
         "workers": run.get("workers") or [],
@@ -138,7 +140,7 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
     gate = slo_gate(run_dir, full, run)  # the per-chunk lists are still here, for ITL objectives
     records = full[REQUEST_COLUMNS]  # the rest needs no per-chunk lists: most of a long run's data
     del full
-    check = integrity(records, metrics, single_model(records))
+    check = integrity(records, metrics, single_model(records), servers.of_run(run))  # the counters it speaks
     echo(_section("Integrity check", check["text"]))
     if gate is not None:
         echo(_section("SLO gate", gate["text"]))

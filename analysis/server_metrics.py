@@ -19,24 +19,27 @@ import pyarrow.parquet as pq
 
 from analysis import glossary
 from analysis.prometheus_text import ALIASES, SCRAPES_FILE, parse_samples, scrape_line  # noqa: F401 (re-exported)
+from analysis.servers import CANONICAL
 
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.parquet"
 UP = "up"  # one sample per scrape: 1 when it succeeded, 0 for a gap (labels carry the error)
 
-KV_CACHE = "vllm:kv_cache_usage_perc"
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"  # reason = capacity | deferred (vLLM 0.32)
-PREEMPTIONS = "vllm:num_preemptions_total"
-SUCCESS = "vllm:request_success_total"
-GENERATION_TOKENS = "vllm:generation_tokens_total"
-PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
-PREFIX_HITS = "vllm:prefix_cache_hits_total"
-TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
-QUEUE_HISTOGRAM = "vllm:request_queue_time_seconds"
-CACHE_CONFIG = "vllm:cache_config_info"
+# The canonical series the analysis reads: every server's samples are renamed to these when a scrape is parsed
+# (analysis/servers: a profile per server); those a server lacks are absent, and their columns missing.
+KV_CACHE = CANONICAL["kv_cache_usage"]
+RUNNING = CANONICAL["running"]
+WAITING = CANONICAL["waiting"]
+WAITING_BY_REASON = CANONICAL["waiting_by_reason"]  # reason = capacity | deferred (vLLM 0.32)
+PREEMPTIONS = CANONICAL["preemptions"]
+SUCCESS = CANONICAL["success"]
+GENERATION_TOKENS = CANONICAL["generation_tokens"]
+PREFIX_QUERIES = CANONICAL["prefix_cache_queries"]
+PREFIX_HITS = CANONICAL["prefix_cache_hits"]
+TTFT_HISTOGRAM = CANONICAL["ttft_histogram"]
+QUEUE_HISTOGRAM = CANONICAL["queue_histogram"]
+CACHE_CONFIG = CANONICAL["cache_config"]
 
 SERVER_COLUMNS = glossary.names(glossary.SERVER)  # steps.csv's server columns, in order
 

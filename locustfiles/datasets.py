@@ -33,6 +33,8 @@ from typing import ClassVar
 from geventhttpclient import HTTPClient
 from geventhttpclient.url import URL
 
+from analysis import servers
+
 logger = logging.getLogger("vllm_loadtest.datasets")
 
 # Replaced by each request's X-Request-Id (always 32 hex digits, see OpenAIStreamingUser) in the serialized body
@@ -92,14 +94,30 @@ class Dataset:
 
 
 # --- the server's tokenizer ---------------------------------------------------------------------------------
+DEFAULT_TOKENIZER = servers.PROFILES["vllm"].tokenizer
+
+
 class Tokenizer:
-    """Token counts from the server's POST /tokenize (vLLM), counted as the server counts a request's prompt."""
+    """Token counts from the server's tokenizer endpoint (vLLM's POST /tokenize, or the profile's: analysis/servers),
+    counted as the server counts a request's prompt."""
 
     MISSING = (404, 405, 501)  # no such endpoint
 
-    def __init__(self, host: str, model: str, api_key: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        host: str,
+        model: str,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        endpoint: servers.TokenizerEndpoint | None = DEFAULT_TOKENIZER,
+        chat: bool = False,
+        server: str = "vllm",
+    ) -> None:
         base = URL(host)
-        self.path = base.path.rstrip("/") + "/tokenize"
+        self.endpoint = endpoint
+        self.chat = chat  # the run's endpoint is chat: prompts are messages, counted with the chat template
+        self.server = server
+        self.path = base.path.rstrip("/") + (endpoint.path if endpoint is not None else "/tokenize")
         self.model = model
         # A fresh connection per call: uvicorn (vLLM's HTTP server) can drop a request sent on a kept-alive
         # connection right after the previous response (uvicorn #824/#1637), and these calls come back to back.
@@ -117,41 +135,42 @@ class Tokenizer:
             return response.status_code, response.read()
         except Exception as e:  # transport errors of any kind: one line naming the endpoint
             raise DatasetError(
-                f"the server's /tokenize failed ({type(e).__name__}: {e}) while building the dataset"
+                f"the server's {self.path} failed ({type(e).__name__}: {e}) while building the dataset"
             ) from None
 
     def probe(self) -> str | None:
-        """None when /tokenize answers; else why not (one line, for the fallback's warning)."""
+        """None when the tokenizer answers; else why not (one line, for the fallback's warning)."""
+        if self.endpoint is None:
+            return f"--server-type {self.server} has no tokenizer endpoint"
+        if self.chat and not self.endpoint.chat:
+            return f"the {self.server} tokenizer endpoint cannot apply the chat template to messages"
         try:
-            status, body = self._post({"model": self.model, "prompt": "hello"})
-        except DatasetError as e:  # no usable /tokenize: the caller warns and falls back to estimates
+            status, body = self._post(servers.tokenize_body(self.endpoint, self.model, "hello"))
+        except DatasetError as e:  # no usable tokenizer: the caller warns and falls back to estimates
             return str(e)
         if status != 200:
             return f"HTTP {status}" + ("" if status in self.MISSING else f": {body[:200].decode(errors='replace')}")
         try:
             answer = json.loads(body)
-            int(answer["count"])
+            servers.token_count(self.endpoint, answer)
         except (ValueError, KeyError, TypeError):
             return "its answer has no token count"
-        self.max_model_len = answer.get("max_model_len") if isinstance(answer.get("max_model_len"), int) else None
+        self.max_model_len = servers.max_model_len(self.endpoint, answer)
         return None
 
     def count(self, prompt: str | list[dict], special: bool = True) -> int:
         """Tokens of a prompt (with the special tokens the server adds, e.g. BOS) or of chat messages (with the
         chat template); `special=False` counts bare text, as for a reference answer."""
-        body: dict = {"model": self.model}
-        if isinstance(prompt, list):
-            body["messages"] = prompt
-        else:
-            body["prompt"] = prompt
-            body["add_special_tokens"] = special
-        status, answer = self._post(body)
+        if self.endpoint is None:
+            raise DatasetError(f"--server-type {self.server} has no tokenizer endpoint")
+        status, answer = self._post(servers.tokenize_body(self.endpoint, self.model, prompt, special))
         if status != 200:
             raise DatasetError(
-                f"the server's /tokenize answered HTTP {status} ({answer[:200].decode(errors='replace')}) while "
-                "building the dataset; use --dataset fixed or fix the server"
+                f"the server's {self.endpoint.path} answered HTTP {status} "
+                f"({answer[:200].decode(errors='replace')}) while building the dataset; use --dataset fixed or fix "
+                "the server"
             )
-        return int(json.loads(answer)["count"])
+        return servers.token_count(self.endpoint, json.loads(answer))
 
     def close(self) -> None:
         self.client.close()
@@ -503,7 +522,11 @@ def build_dataset(spec: str, options, host: str, model: str, api_key: str | None
     info: dict = {"spec": source.spec, "tokenizer": None}
     tokenizer = None
     if not isinstance(source, FixedSource):
-        tokenizer = Tokenizer(host, model, api_key, timeout=min(60.0, float(options.read_timeout)))
+        profile = servers.of_options(options)
+        tokenizer = Tokenizer(
+            host, model, api_key, timeout=min(60.0, float(options.read_timeout)), endpoint=profile.tokenizer,
+            chat=options.endpoint == "chat", server=profile.name,
+        )  # fmt: skip
         why = tokenizer.probe()
         if why is None:
             ctx.tokenizer = tokenizer

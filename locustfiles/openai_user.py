@@ -22,7 +22,7 @@ from geventhttpclient.response import HTTPParseError
 from geventhttpclient.url import URL
 from locust import User, task
 
-from analysis import glossary
+from analysis import glossary, servers
 from analysis.records import RequestRecord
 from analysis.sse import (
     CONNECTION_ERROR,
@@ -56,10 +56,12 @@ class LLMRequestError(Exception):
 
 def build_payload(options, model: str, prompt: str | list[dict] | None = None, max_tokens: int | None = None) -> dict:
     """The JSON body of one request, from the run's options (`prompt` replaces --prompt: text, or chat messages;
-    `max_tokens` replaces --max-tokens)."""
+    `max_tokens` replaces --max-tokens). Vendor extensions only where the server's profile accepts them: a server
+    that rejects unknown fields (OpenAI's API: HTTP 400) gets only what the OpenAI API defines."""
     prompt = options.prompt if prompt is None else prompt
+    profile = servers.of_options(options)
     stream_options = {"include_usage": True}
-    if not options.no_continuous_usage:
+    if profile.continuous_usage_stats and not options.no_continuous_usage:
         stream_options["continuous_usage_stats"] = True
     payload: dict = {
         "model": model,
@@ -74,8 +76,8 @@ def build_payload(options, model: str, prompt: str | list[dict] | None = None, m
         payload["messages"] = [{"role": "user", "content": prompt}]
     else:
         payload["prompt"] = prompt
-    if options.ignore_eos:
-        payload["ignore_eos"] = True  # vLLM extension: exact output lengths
+    if options.ignore_eos and profile.ignore_eos:  # refused before the run for a profile without it (options.py)
+        payload["ignore_eos"] = True  # vLLM (and SGLang, llama.cpp) extension: exact output lengths
     return payload
 
 

@@ -11,6 +11,7 @@ import os
 
 from locust.util.timespan import parse_timespan
 
+from analysis import servers
 from analysis.run import parse_rate
 from analysis.schedule import ARRIVALS, DEFAULT_ARRIVAL, parse_rates
 
@@ -106,7 +107,9 @@ def add_arguments(parser) -> None:
         action="store_true",
         default=False,
         env_var="LOCUST_IGNORE_EOS",
-        help="Send vLLM's ignore_eos so every request generates exactly --max-tokens",
+        help="Send ignore_eos (vLLM, SGLang, llama.cpp) so every request generates exactly --max-tokens. Refused "
+        "(exit code 3, nothing sent) with a server type that has no such field (openai, tgi): lengths would not be "
+        "exact, and a strict API rejects the field",
     )
     parser.add_argument(
         "--read-timeout",
@@ -134,6 +137,15 @@ def add_arguments(parser) -> None:
         default=False,
         env_var="LOCUST_NO_CONTINUOUS_USAGE",
         help="Do not ask for stream_options.continuous_usage_stats (for servers that reject it)",
+    )
+    parser.add_argument(
+        "--server-type",
+        default="auto",
+        choices=list(servers.SERVER_TYPES),
+        env_var="LOCUST_SERVER_TYPE",
+        help="The server's kind, for its metric names, request extensions, /tokenize and version endpoint: vllm, "
+        "sglang, tgi, llamacpp, or openai (any OpenAI-compatible API: no vendor fields, no /metrics). Default auto: "
+        "detected from /metrics and /version before any load; openai when neither is recognised",
     )
     parser.add_argument(
         "--keep-alive",
@@ -293,6 +305,7 @@ def check(options: argparse.Namespace) -> None:
     if options.read_timeout <= 0:
         raise ValueError(f"--read-timeout {options.read_timeout} must be positive (seconds)")
     parse_rate(options.max_error_rate, "--max-error-rate")
+    check_server_type(options)
     if getattr(options, "model_bytes", ""):
         from analysis.ceiling import parse_bytes
 
@@ -315,3 +328,20 @@ def check(options: argparse.Namespace) -> None:
         from analysis.slo import parse_slo
 
         parse_slo(options.slo)
+
+
+def check_server_type(options: argparse.Namespace, server_type: str | None = None) -> None:
+    """--server-type is known, and --ignore-eos is a field the server takes (`server_type`: the resolved one)."""
+    given = getattr(options, "server_type", "auto") or "auto"
+    if given not in servers.SERVER_TYPES:  # the web UI's form hands back free text
+        raise ValueError(f"--server-type {given!r} is not one of {', '.join(servers.SERVER_TYPES)}")
+    name = server_type or given
+    if name == "auto" or not getattr(options, "ignore_eos", False):
+        return
+    profile = servers.get(name)
+    if not profile.ignore_eos:
+        how = "" if server_type is None or given != "auto" else " (detected)"
+        raise ValueError(
+            f"--ignore-eos cannot be sent to a {profile.title} server (--server-type {name}{how}): it has no "
+            "ignore_eos field; drop --ignore-eos, or pass --server-type vllm if the server is a vLLM"
+        )

@@ -31,6 +31,7 @@ from locust.event import EventHook
 from locust.runners import MasterRunner, WorkerRunner
 
 from analysis import __version__ as SUITE_VERSION
+from analysis import servers
 from analysis.finish import Outcome, finish_run
 from analysis.records import RECORDS_DIR, RecordWriter, RequestRecord
 from analysis.run import write_run
@@ -46,6 +47,8 @@ from locustfiles.preflight import (
     discover_model,
     fetch_server_version,
     preflight,
+    resolve_server,
+    server_profile_entry,
 )
 from locustfiles.scraper import MetricsScraper
 from locustfiles.shape import StepTracker
@@ -79,6 +82,7 @@ SAVED_OPTIONS = [
     "read_timeout",
     "api_key_env",
     "no_continuous_usage",
+    "server_type",
     "keep_alive",
     "steps",
     "rates",
@@ -217,6 +221,13 @@ class RunContext:
                 logger.error("%s; fix it in the start form", e)
                 gevent.spawn(environment.runner.stop)
                 return
+        if self.is_controller and options.host:
+            try:
+                resolve_server(options)  # --server-type (auto: detected); a headless run's preflight decided it
+            except SetupError as e:
+                logger.error("%s; fix it in the start form", e)
+                gevent.spawn(environment.runner.stop)
+                return
         if self.is_controller:
             if not options.run_dir or options.run_dir == self._generated_run_dir:
                 self._generated_run_dir = str(default_run_dir())
@@ -311,15 +322,18 @@ class RunContext:
     def _start_scraper(self, options) -> None:
         self.scraper = None  # the last run's, if any: its numbers are not this run's
         url = options.metrics_url or (f"{(options.host or '').rstrip('/')}/metrics" if options.host else "")
-        if not url or url == "off":
-            return
+        if not url or url == "off" or not servers.of_options(options).metrics:
+            return  # --server-type openai: no /metrics, and no series the suite could name
         # With --model the scraper keeps only that model's samples; otherwise the analysis filters by the model
         # the records name (a server serving several models labels each sample with its model_name).
-        self.scraper = MetricsScraper(url, options.scrape_interval, self.run_dir, model=options.model or None).start()
+        server = servers.of_options(options).name
+        self.scraper = MetricsScraper(
+            url, options.scrape_interval, self.run_dir, model=options.model or None, server=server
+        ).start()
 
     def _read_server_version(self, host: str) -> None:
         """vLLM's version from its /version endpoint, for the report's metadata; absent on other servers."""
-        self.server_version = fetch_server_version(host)
+        self.server_version = fetch_server_version(host, profile=servers.of_options(self.environment.parsed_options))
         self._save_timeline(self.tracker.timeline)
 
     def on_record(self, record: RequestRecord, **_kw) -> None:
@@ -349,6 +363,7 @@ class RunContext:
             "suite_version": SUITE_VERSION,
             "server_version": self.server_version,
             "options": {k: getattr(options, k, None) for k in SAVED_OPTIONS},
+            "server_profile": server_profile_entry(options),  # the server type used and how it was decided
             # How this process built --dataset (tokenizer or estimates, items, notes); a master builds none.
             "dataset": self.dataset_info or {"spec": getattr(options, "dataset", "fixed")},
             "timeline": timeline,

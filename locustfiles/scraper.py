@@ -32,9 +32,12 @@ FIRST_SCRAPE_WAIT_S = 30.0  # the first scrape is the counters' baseline: the ru
 class MetricsScraper:
     """The parent's handle on the scraping child process: start, counts, the latest samples, stop."""
 
-    def __init__(self, url: str, interval_s: float, run_dir: Path, model: str | None = None) -> None:
+    def __init__(
+        self, url: str, interval_s: float, run_dir: Path, model: str | None = None, server: str = "vllm"
+    ) -> None:
         self.url = url
         self.model = model
+        self.server = server  # the profile name: the child process maps the server's names with it
         self.interval_s = interval_s
         self.path = Path(run_dir) / SCRAPES_FILE
         self.timeout_s = max(1.0, min(5.0, interval_s * 2))
@@ -57,6 +60,7 @@ class MetricsScraper:
         ]  # fmt: skip
         if self.model:
             args += ["--model", self.model]
+        args += ["--server", self.server]
         root = Path(__file__).resolve().parents[1]
         self._first = gevent.event.Event()
         self._proc = subprocess.Popen(args, cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -105,8 +109,9 @@ class MetricsScraper:
         self._proc = None
 
 
-def scrape_once(url: str, timeout_s: float, model: str | None) -> bytes:
-    """One scrape as a metrics.jsonl line: the samples, or a gap with its error."""
+def scrape_once(url: str, timeout_s: float, model: str | None, server: str = "vllm") -> bytes:
+    """One scrape as a metrics.jsonl line: the samples (under the canonical names of `server`'s profile), or a gap
+    with its error."""
     t = time.time()
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
@@ -114,7 +119,8 @@ def scrape_once(url: str, timeout_s: float, model: str | None) -> bytes:
             # (hundreds of ms at saturation), and the counters belong to that later moment.
             t = time.time()
             body = response.read()
-        return scrape_line(t, parse_samples(body.decode("utf-8", errors="replace"), model=model))
+        text = body.decode("utf-8", errors="replace")
+        return scrape_line(t, parse_samples(text, model=model, profile=server))
     except urllib.error.HTTPError as e:
         return scrape_line(t, None, f"HTTP {e.code}")
     except Exception as e:  # any failure is a gap: the load test goes on
@@ -128,6 +134,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--model")
+    ap.add_argument("--server", default="vllm", help="the server profile (analysis/servers) naming its series")
     a = ap.parse_args()
     # Ctrl-C reaches the whole process group: the parent stops this process itself, after its last scrape.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -142,7 +149,7 @@ def main() -> None:
     with open(a.out, "ab", buffering=0) as out:
 
         def record() -> None:
-            line = scrape_once(a.url, a.timeout, a.model)
+            line = scrape_once(a.url, a.timeout, a.model, a.server)
             out.write(line)
             try:
                 sys.stdout.buffer.write(line)

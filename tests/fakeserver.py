@@ -57,6 +57,7 @@ class Config:
     api_key: str = ""  # when set, completions without "Authorization: Bearer <api_key>" get a 401
     hostile: bool = False  # <script> payloads in error messages, completions, metric labels and /version
     tokenize: bool = True  # serve POST /tokenize (vLLM's); off: 404, as a server without it answers
+    strict: bool = False  # as OpenAI's API: a request field it does not know is a 400; no /metrics, /version, /tokenize
 
 
 class State:
@@ -98,6 +99,27 @@ def count_tokens(prompt: object = None, messages: object = None, special: bool =
     if messages is not None:
         return 1 + sum(3 + words(m.get("content", "")) for m in messages) + 1
     return words(prompt or "") + (1 if special else 0)
+
+
+# The request fields of OpenAI's completions and chat completions APIs (a subset is enough: what a client sends).
+OPENAI_FIELDS = {
+    "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stream",
+    "stream_options", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user",
+    "echo", "suffix", "best_of", "top_logprobs", "response_format", "tools", "tool_choice",
+}  # fmt: skip
+OPENAI_STREAM_OPTIONS = {"include_usage", "include_obfuscation"}
+
+
+def unknown_fields(req: dict, path: str) -> list[str]:
+    """The fields of a request body that OpenAI's API does not define (it answers them with a 400)."""
+    unknown = sorted(k for k in req if k not in OPENAI_FIELDS)
+    if path.endswith("chat/completions"):
+        unknown += [k for k in ("prompt", "echo", "suffix", "best_of") if k in req]
+    elif "messages" in req:
+        unknown.append("messages")
+    opts = req.get("stream_options") or {}
+    unknown += sorted(f"stream_options.{k}" for k in opts if k not in OPENAI_STREAM_OPTIONS)
+    return unknown
 
 
 class Handler(socketserver.StreamRequestHandler):
@@ -158,6 +180,8 @@ class Handler(socketserver.StreamRequestHandler):
             return self.send_json(200, {"object": "list", "data": [{"id": cfg.model, "object": "model"}]})
         if method == "GET" and path == "/health":
             return self.send_json(200, {})
+        if cfg.strict and path in ("/metrics", "/version", "/tokenize"):
+            return self.send_json(404, {"error": {"message": f"Invalid URL ({method} {path})", "code": None}})
         if method == "GET" and path == "/version":
             return self.send_json(200, {"version": HOSTILE + "version" if cfg.hostile else "0.0-fake"})
         if method == "GET" and path == "/stats":
@@ -229,7 +253,12 @@ class Handler(socketserver.StreamRequestHandler):
             key = self.server.config.api_key
             if key and headers.get("authorization") != f"Bearer {key}":
                 return self.send_json(401, {"error": {"message": "missing or wrong API key", "code": 401}})
-            return self.stream(path, headers, json.loads(body or b"{}"), t_recv)
+            req = json.loads(body or b"{}")
+            unknown = unknown_fields(req, path) if cfg.strict else []
+            if unknown:
+                message = f"Unrecognized request argument supplied: {', '.join(unknown)}"
+                return self.send_json(400, {"error": {"message": message, "type": "invalid_request_error"}})
+            return self.stream(path, headers, req, t_recv)
         return self.send_json(404, {"error": {"message": f"no route {method} {path}", "code": 404}})
 
     def stream(self, path: str, headers: dict, req: dict, t_recv: float) -> bool:
@@ -443,6 +472,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--api-key", default="", help="require this Bearer token on completions")
     p.add_argument("--hostile", action="store_true", help="<script> payloads in every text the server returns")
     p.add_argument("--no-tokenize", action="store_true", help="no POST /tokenize (404), as a server without it")
+    p.add_argument("--strict", action="store_true", help="as OpenAI's API: unknown request fields get a 400")
     a = p.parse_args(argv)
     cfg = Config(
         a.ttft_ms / 1000,
@@ -458,6 +488,7 @@ def main(argv: list[str] | None = None) -> None:
         a.api_key,
         a.hostile,
         not a.no_tokenize,
+        a.strict,
     )
     sys.setswitchinterval(0.0002)  # hand the GIL over fast: a waking handler thread must not wait 5 ms
     server = Server((a.host, a.port), cfg)
