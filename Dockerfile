@@ -5,5 +5,6 @@ COPY pyproject.toml README.md ./
 COPY locustfiles ./locustfiles
 COPY analysis ./analysis
 COPY embedded_vllm ./embedded_vllm
+COPY vllm_loadtest ./vllm_loadtest
 RUN pip install --no-cache-dir .
 EXPOSE 8089 5557

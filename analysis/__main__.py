@@ -14,9 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from analysis.records import RECORDS_DIR
-from analysis.run import STEPS_FILE, finalize
-from analysis.steps import format_table
+from .records import RECORDS_DIR
+from .run import STEPS_FILE, finalize
+from .steps import format_table
 
 
 def snapshot(run_dir: Path, report: Path | None, records: Path | None) -> int:
@@ -25,12 +25,12 @@ def snapshot(run_dir: Path, report: Path | None, records: Path | None) -> int:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from analysis.records import SCHEMA, merge_records
+        from .records import SCHEMA, merge_records
 
         df = merge_records(run_dir, write=False)
         pq.write_table(pa.Table.from_pandas(df, schema=SCHEMA, preserve_index=False), records)
     if report is not None:
-        from analysis.finish import report_so_far
+        from .finish import report_so_far
 
         report.write_text(report_so_far(run_dir), encoding="utf-8")
     return 0
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "snapshot":
         return snapshot(args.run_dir, args.report, args.records)
     if args.command == "glossary":
-        from analysis.glossary import docs_markdown, markdown_table
+        from .glossary import docs_markdown, markdown_table
 
         if args.write is not None:
             args.write.parent.mkdir(parents=True, exist_ok=True)
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {other} has no {STEPS_FILE}; run `python -m analysis steps {other}` first", file=sys.stderr)
             return 2
     if args.command == "report":
-        from analysis.finish import finish_run
+        from .finish import finish_run
 
         # The exit code stays 0 whatever the verdicts: this rebuilds the outputs, it is no gate.
         finish_run(args.run_dir, compare=args.compare, echo=lambda text: print(text, flush=True))

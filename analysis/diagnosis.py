@@ -8,8 +8,8 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
-from analysis import schedule
-from analysis.generator import advice, flagged, reasons
+from . import schedule
+from .generator import advice, flagged, reasons
 
 KNEE_GAIN = 0.10  # a doubling of users that adds less aggregate tok/s than this is past the knee
 # KV-cache usage at or above this counts as full. Not lower: with 32 requests running against a cap of

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import __version__ as SUITE_VERSION
-from analysis import servers
-from analysis.diagnosis import Diagnosis, diagnose, worker_lines
-from analysis.integrity import integrity
-from analysis.live import close_open_steps
-from analysis.records import REQUEST_COLUMNS, REQUESTS_FILE, single_model
-from analysis.run import (
+from . import __version__ as SUITE_VERSION
+from . import servers
+from .diagnosis import Diagnosis, diagnose, worker_lines
+from .integrity import integrity
+from .live import close_open_steps
+from .records import REQUEST_COLUMNS, REQUESTS_FILE, single_model
+from .run import (
     REPORT_FILE,
     STEPS_FILE,
     SUMMARY_FILE,
@@ -39,8 +39,8 @@ from analysis.run import (
     slo_gate,
     write_summary_md,
 )
-from analysis.sse import CUT_OFF
-from analysis.steps import format_table, timeline_from_records
+from .sse import CUT_OFF
+from .steps import format_table, timeline_from_records
 
 
 @dataclass
@@ -191,7 +191,7 @@ def finish_run(
     files[SUMMARY_FILE].write_text(json.dumps(outcome.summary, indent=2, default=str))
     say(f"\nResults: {run_dir / REQUESTS_FILE}, {run_dir / STEPS_FILE}")
     if report:
-        from analysis.report import build_report  # plotly is only imported when a report is written
+        from .report import build_report  # plotly is only imported when a report is written
 
         files[REPORT_FILE] = run_dir / REPORT_FILE
         files[REPORT_FILE].write_text(build_report(outcome, compare), encoding="utf-8")
@@ -212,6 +212,6 @@ def compute_so_far(run_dir: Path, now: float | None = None) -> Outcome:
 
 def report_so_far(run_dir: Path) -> str:
     """report.html of a run in progress (the web UI's download), through the same pipeline as the end of a run."""
-    from analysis.report import build_report
+    from .report import build_report
 
     return build_report(compute_so_far(run_dir))

@@ -19,10 +19,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analysis import glossary
-from analysis.glossary import flagged
-from analysis.records import RECEIVED_DIR, read_jsonl
-from analysis.thresholds import CPU_BOUND, LAG_BOUND_S, PROBE_INTERVAL_S  # noqa: F401 (re-exported)
+from . import glossary
+from .glossary import flagged
+from .records import RECEIVED_DIR, read_jsonl
+from .thresholds import CPU_BOUND, LAG_BOUND_S, PROBE_INTERVAL_S  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from analysis.thresholds import CPU_BOUND, LAG_BOUND_S, LAG_CEILING_S, LAG_FLOOR_S, LAG_SHARE, PROBE_INTERVAL_S
+from .thresholds import CPU_BOUND, LAG_BOUND_S, LAG_CEILING_S, LAG_FLOOR_S, LAG_SHARE, PROBE_INTERVAL_S
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ import math
 
 import pandas as pd
 
-from analysis import servers
-from analysis.server_metrics import GENERATION_TOKENS, SUCCESS, ServerSeries
+from . import servers
+from .server_metrics import GENERATION_TOKENS, SUCCESS, ServerSeries
 
 NORMAL_END = ("stop", "length")
 

@@ -11,8 +11,8 @@ import math
 import orjson
 import pandas as pd
 
-from analysis import glossary
-from analysis.steps import run_row, step_table
+from . import glossary
+from .steps import run_row, step_table
 
 # What the live table needs of a record (the glossary's request columns marked live); the per-chunk lists stay on
 # disk (ITL is in the final report only).
@@ -76,7 +76,7 @@ def live_table(records: pd.DataFrame, timeline: list[dict], now: float) -> tuple
 
 def latest_gauges(samples: list[tuple[str, dict, float]] | None, model: str | None = None) -> dict[str, float]:
     """The server's KV-cache usage, running and waiting requests from one scrape (NaN when not scraped)."""
-    from analysis.server_metrics import KV_CACHE, RUNNING, WAITING, counter_total
+    from .server_metrics import KV_CACHE, RUNNING, WAITING, counter_total
 
     if samples is None:
         return {"kv_cache_usage": math.nan, "running": math.nan, "waiting": math.nan}

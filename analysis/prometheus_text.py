@@ -10,7 +10,7 @@ from __future__ import annotations
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from analysis import servers
+from . import servers
 
 SCRAPES_FILE = "metrics.jsonl"  # appended during the run, one line per scrape; merged into metrics.parquet
 

@@ -17,19 +17,19 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from analysis import __version__ as SUITE_VERSION
-from analysis.diagnosis import utc
-from analysis.generator import ADVICE, CPU_BOUND, LAG_BOUND_S, bound_steps, flagged
-from analysis.glossary import GLOSSARY, STEP_TABLE, Column, format_value
-from analysis.records import single_model
-from analysis.run import REPORT_FILE, STEPS_FILE, SUMMARY_FILE, dataset_info
-from analysis.schedule import flagged as schedule_flagged
-from analysis.schedule import is_rate_run
-from analysis.server_metrics import KV_CACHE, RUNNING, WAITING, ServerSeries, server_info
-from analysis.sse import CUT_OFF
+from . import __version__ as SUITE_VERSION
+from .diagnosis import utc
+from .generator import ADVICE, CPU_BOUND, LAG_BOUND_S, bound_steps, flagged
+from .glossary import GLOSSARY, STEP_TABLE, Column, format_value
+from .records import single_model
+from .run import REPORT_FILE, STEPS_FILE, SUMMARY_FILE, dataset_info
+from .schedule import flagged as schedule_flagged
+from .schedule import is_rate_run
+from .server_metrics import KV_CACHE, RUNNING, WAITING, ServerSeries, server_info
+from .sse import CUT_OFF
 
 if TYPE_CHECKING:
-    from analysis.finish import Outcome
+    from .finish import Outcome
 
 __all__ = ["REPORT_FILE", "SUMMARY_FILE", "build_report", "cdf_points"]
 # Charts of a long run at high load stay a few MB (a one-hour run can hold hundreds of thousands of requests):

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.generator import merge_generator, step_generator_table
-from analysis.records import merge_records, single_model
-from analysis.schedule import OPEN_LOOP_COLUMNS
-from analysis.server_metrics import SCRAPES_FILE, load_metrics, merge_scrapes, step_server_table
-from analysis.sse import CUT_OFF
-from analysis.steps import step_table, timeline_from_records
+from .generator import merge_generator, step_generator_table
+from .records import merge_records, single_model
+from .schedule import OPEN_LOOP_COLUMNS
+from .server_metrics import SCRAPES_FILE, load_metrics, merge_scrapes, step_server_table
+from .sse import CUT_OFF
+from .steps import step_table, timeline_from_records
 
 RUN_FILE = "run.json"
 STEPS_FILE = "steps.csv"
@@ -112,8 +112,8 @@ def error_limit(records: pd.DataFrame, max_error_rate: str | float | None) -> di
 def slo_gate(run_dir: Path, records: pd.DataFrame | None = None, run: dict | None = None) -> dict | None:
     """The run's --slo (from run.json, or `run`) judged on its records: the verdict dict, or None without
     objectives."""
-    from analysis.records import load_records
-    from analysis.slo import judge_steps, parse_slo, verdict, verdict_lines
+    from .records import load_records
+    from .slo import judge_steps, parse_slo, verdict, verdict_lines
 
     run = read_run(run_dir) if run is None else run
     spec = (run.get("options") or {}).get("slo") or ""
@@ -133,7 +133,7 @@ def write_summary_md(
     run_dir: Path, table: pd.DataFrame, gate: dict | None, diagnosis: list[str], run: dict | None = None
 ) -> Path:
     """summary.md, for a CI job summary: the step table, the SLO verdict (when --slo was given), the diagnosis."""
-    from analysis.slo import markdown_summary
+    from .slo import markdown_summary
 
     run = read_run(run_dir) if run is None else run
     options = run.get("options") or {}
@@ -150,7 +150,7 @@ def write_summary_md(
 def efficiency_ceiling(run_dir: Path, table: pd.DataFrame, run: dict | None = None) -> dict | None:
     """The single-request decode ceiling from the run's --gpu / --memory-bandwidth-gbs and --model-bytes, against
     the measured decode rate at the lowest step; None when either figure was not given."""
-    from analysis.ceiling import bandwidth_gbs, ceiling_report, parse_bytes
+    from .ceiling import bandwidth_gbs, ceiling_report, parse_bytes
 
     options = (read_run(run_dir) if run is None else run).get("options") or {}
     bandwidth = bandwidth_gbs(options.get("gpu"), options.get("memory_bandwidth_gbs"))

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import pandas as pd
 
-from analysis import glossary
-from analysis.glossary import flagged, mean, percentile  # noqa: F401 (flagged: re-exported)
-from analysis.thresholds import CPU_BOUND, LAG_CEILING_S, LAG_FLOOR_S, LAG_SHARE
+from . import glossary
+from .glossary import flagged, mean, percentile  # noqa: F401 (flagged: re-exported)
+from .thresholds import CPU_BOUND, LAG_CEILING_S, LAG_FLOOR_S, LAG_SHARE
 
 ARRIVALS = ("poisson", "constant")
 DEFAULT_ARRIVAL = "poisson"

@@ -17,9 +17,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analysis import glossary
-from analysis.prometheus_text import ALIASES, SCRAPES_FILE, parse_samples, scrape_line  # noqa: F401 (re-exported)
-from analysis.servers import CANONICAL
+from . import glossary
+from .prometheus_text import ALIASES, SCRAPES_FILE, parse_samples, scrape_line  # noqa: F401 (re-exported)
+from .servers import CANONICAL
 
 logger = logging.getLogger(__name__)
 

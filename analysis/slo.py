@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.glossary import percentile
-from analysis.steps import itl_samples, measured_masks
+from .glossary import percentile
+from .steps import itl_samples, measured_masks
 
 METRICS = ("ttft", "tpot", "itl", "e2e")
 STATISTICS = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "mean": None}

@@ -11,11 +11,11 @@ import math
 import numpy as np
 import pandas as pd
 
-from analysis import glossary
-from analysis.generator import format_generator
-from analysis.glossary import StepData, flagged, percentile  # noqa: F401 (percentile: re-exported)
-from analysis.schedule import OPEN_LOOP_COLUMNS, format_open_loop, open_loop_columns
-from analysis.sse import CUT_OFF
+from . import glossary
+from .generator import format_generator
+from .glossary import StepData, flagged, percentile  # noqa: F401 (percentile: re-exported)
+from .schedule import OPEN_LOOP_COLUMNS, format_open_loop, open_loop_columns
+from .sse import CUT_OFF
 
 # Column order of steps.csv's core columns, from the glossary (which computes them too).
 STEP_COLUMNS = glossary.names(glossary.STEP)

@@ -1,5 +1,5 @@
 """A real vLLM (CPU build) serving a tiny generated model on 127.0.0.1: for the demo and integration tests."""
 
-from embedded_vllm.server import EmbeddedServerError, EmbeddedVLLM, ServerSettings, ensure_installed, ensure_model
+from .server import EmbeddedServerError, EmbeddedVLLM, ServerSettings, ensure_installed, ensure_model
 
 __all__ = ["EmbeddedServerError", "EmbeddedVLLM", "ServerSettings", "ensure_installed", "ensure_model"]

@@ -14,7 +14,7 @@ import sys
 import time
 import urllib.request
 
-from embedded_vllm.server import EmbeddedServerError, EmbeddedVLLM, ServerSettings, ensure_installed, ensure_model
+from .server import EmbeddedServerError, EmbeddedVLLM, ServerSettings, ensure_installed, ensure_model
 
 
 def _settings_args(p: argparse.ArgumentParser) -> None:
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(1)
                 raise EmbeddedServerError(f"vLLM exited unexpectedly; see {server.log}")
         elif a.command == "demo":
-            from embedded_vllm.demo import run_demo
+            from .demo import run_demo
 
             return run_demo(_settings(a), a)
         elif a.command == "wait":

@@ -12,11 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from embedded_vllm.server import REPO, EmbeddedVLLM, ServerSettings
+from .server import REPO, EmbeddedVLLM, ServerSettings
 
 
 def run_demo(settings: ServerSettings, a) -> int:
-    from locustfiles.plugin import default_run_dir
+    from vllm_loadtest.locustfiles.plugin import default_run_dir
 
     run_dir = Path(a.run_dir) if a.run_dir else REPO / default_run_dir()
     with EmbeddedVLLM(settings) as server:

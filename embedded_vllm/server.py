@@ -1,6 +1,6 @@
 """A real vLLM (CPU build) on 127.0.0.1, installed into its own virtual environment and serving a tiny model.
 
-    from embedded_vllm import EmbeddedVLLM, ServerSettings
+    from . import EmbeddedVLLM, ServerSettings
     with EmbeddedVLLM(ServerSettings(num_blocks=128)) as server:
         ...  # server.url, server.describe()
 

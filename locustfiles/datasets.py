@@ -33,7 +33,7 @@ from typing import ClassVar
 from geventhttpclient import HTTPClient
 from geventhttpclient.url import URL
 
-from analysis import servers
+from ..analysis import servers
 
 logger = logging.getLogger("vllm_loadtest.datasets")
 

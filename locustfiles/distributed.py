@@ -26,8 +26,8 @@ from pathlib import Path
 import gevent
 from locust.runners import STATE_MISSING
 
-from analysis.generator import GENERATOR_DIR
-from analysis.records import RECEIVED_DIR, RECORDS_DIR
+from ..analysis.generator import GENERATOR_DIR
+from ..analysis.records import RECEIVED_DIR, RECORDS_DIR
 
 logger = logging.getLogger("vllm_loadtest.distributed")
 

@@ -22,9 +22,9 @@ from geventhttpclient.response import HTTPParseError
 from geventhttpclient.url import URL
 from locust import User, task
 
-from analysis import glossary, servers
-from analysis.records import RequestRecord
-from analysis.sse import (
+from ..analysis import glossary, servers
+from ..analysis.records import RequestRecord
+from ..analysis.sse import (
     CONNECTION_ERROR,
     CUT_OFF,
     EMPTY_STREAM,
@@ -34,11 +34,11 @@ from analysis.sse import (
     ParsedStream,
     StreamParser,
 )
-from locustfiles import datasets
-from locustfiles import options as options_mod
-from locustfiles.openloop import Slot
-from locustfiles.options import ENDPOINTS
-from locustfiles.stream_client import StreamClient
+from . import datasets
+from . import options as options_mod
+from .openloop import Slot
+from .options import ENDPOINTS
+from .stream_client import StreamClient
 
 CONNECT_TIMEOUT_S = 30.0
 _PLACEHOLDER = datasets.REQUEST_ID_PLACEHOLDER.encode("latin-1")

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from gevent.event import Event
 from gevent.lock import Semaphore
 
-from analysis.schedule import arrival_times
+from ..analysis.schedule import arrival_times
 
 logger = logging.getLogger("vllm_loadtest")
 

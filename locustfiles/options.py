@@ -11,9 +11,9 @@ import os
 
 from locust.util.timespan import parse_timespan
 
-from analysis import servers
-from analysis.run import parse_rate
-from analysis.schedule import ARRIVALS, DEFAULT_ARRIVAL, parse_rates
+from ..analysis import servers
+from ..analysis.run import parse_rate
+from ..analysis.schedule import ARRIVALS, DEFAULT_ARRIVAL, parse_rates
 
 __all__ = ["parse_rate"]  # re-exported: the --max-error-rate parser, shared with analysis.finish
 
@@ -307,7 +307,7 @@ def check(options: argparse.Namespace) -> None:
     parse_rate(options.max_error_rate, "--max-error-rate")
     check_server_type(options)
     if getattr(options, "model_bytes", ""):
-        from analysis.ceiling import parse_bytes
+        from ..analysis.ceiling import parse_bytes
 
         if parse_bytes(options.model_bytes) <= 0:
             raise ValueError(f"--model-bytes {options.model_bytes} must be positive")
@@ -321,11 +321,11 @@ def check(options: argparse.Namespace) -> None:
         if options.memory_bandwidth_gbs is not None and options.memory_bandwidth_gbs <= 0:
             raise ValueError(f"--memory-bandwidth-gbs {bandwidth} must be positive (GB/s)")
     if getattr(options, "gpu", ""):
-        from analysis.ceiling import bandwidth_gbs
+        from ..analysis.ceiling import bandwidth_gbs
 
         bandwidth_gbs(options.gpu, None)
     if getattr(options, "slo", ""):
-        from analysis.slo import parse_slo
+        from ..analysis.slo import parse_slo
 
         parse_slo(options.slo)
 

@@ -1,7 +1,7 @@
 """Wires the suite into a Locust environment: options, the run directory, the record writer, the step tracker,
 the web UI's LLM tab, and the end of the run (computed by analysis.finish).
 
-    from locustfiles import plugin
+    from . import plugin
     plugin.install()          # in a locustfile: registers the arguments and calls register() at init
 
 Extension points: `environment.events.llm_request` fires once per finished request with `record=RequestRecord`
@@ -30,16 +30,16 @@ from gevent.event import AsyncResult
 from locust.event import EventHook
 from locust.runners import MasterRunner, WorkerRunner
 
-from analysis import __version__ as SUITE_VERSION
-from analysis import servers
-from analysis.finish import Outcome, finish_run
-from analysis.records import RECORDS_DIR, RecordWriter, RequestRecord
-from analysis.run import write_run
-from locustfiles import options as opts_mod
-from locustfiles import selfcheck
-from locustfiles.datasets import Dataset, build_dataset, check_dataset
-from locustfiles.distributed import RECORDS_EVENT, RecordShipper, WorkerLedger, register_worker_stop
-from locustfiles.preflight import (
+from ..analysis import __version__ as SUITE_VERSION
+from ..analysis import servers
+from ..analysis.finish import Outcome, finish_run
+from ..analysis.records import RECORDS_DIR, RecordWriter, RequestRecord
+from ..analysis.run import write_run
+from . import options as opts_mod
+from . import selfcheck
+from .datasets import Dataset, build_dataset, check_dataset
+from .distributed import RECORDS_EVENT, RecordShipper, WorkerLedger, register_worker_stop
+from .preflight import (
     _PREFLIGHT_DATASETS,
     SetupError,
     check_run_dir,
@@ -50,9 +50,9 @@ from locustfiles.preflight import (
     resolve_server,
     server_profile_entry,
 )
-from locustfiles.scraper import MetricsScraper
-from locustfiles.shape import StepTracker
-from locustfiles.webui import LLMTab
+from .scraper import MetricsScraper
+from .shape import StepTracker
+from .webui import LLMTab
 
 logger = logging.getLogger("vllm_loadtest")
 

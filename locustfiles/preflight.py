@@ -14,9 +14,9 @@ import gevent
 from geventhttpclient import HTTPClient
 from geventhttpclient.url import URL
 
-from analysis import servers
-from locustfiles import options as opts_mod
-from locustfiles.datasets import Dataset, build_dataset
+from ..analysis import servers
+from . import options as opts_mod
+from .datasets import Dataset, build_dataset
 
 logger = logging.getLogger("vllm_loadtest")
 

@@ -1,9 +1,9 @@
 """Polls the server's Prometheus `/metrics` during a run (master or local runner only) into metrics.jsonl.
 
-The polling and parsing run in a child process (`python -m locustfiles.scraper`), not in the load generator's
-event loop: parsing vLLM 0.32's 53 KB of metrics text with prometheus_client takes ~14 ms, and in a local run
-that stalled every stream's timestamps for that long once a second (a 1 % tail: exactly a p99). The parent only
-reads one status line per scrape from the child's stdout.
+The polling and parsing run in a child process (`python -m vllm_loadtest.locustfiles.scraper`), not in the load
+generator's event loop: parsing vLLM 0.32's 53 KB of metrics text with prometheus_client takes ~14 ms, and in a
+local run that stalled every stream's timestamps for that long once a second (a 1 % tail: exactly a p99). The parent
+only reads one status line per scrape from the child's stdout.
 
 A failed scrape is a gap (an `up = 0` sample with its error), warned about once, and never stops the run.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import orjson
 
-from analysis.prometheus_text import SCRAPES_FILE, parse_samples, scrape_line
+from ..analysis.prometheus_text import SCRAPES_FILE, parse_samples, scrape_line
 
 logger = logging.getLogger("vllm_loadtest.scraper")
 
@@ -55,7 +55,7 @@ class MetricsScraper:
         from gevent import subprocess
 
         args = [
-            sys.executable, "-m", "locustfiles.scraper", "--url", self.url, "--interval", str(self.interval_s),
+            sys.executable, "-m", __name__, "--url", self.url, "--interval", str(self.interval_s),
             "--timeout", str(self.timeout_s), "--out", str(self.path.resolve()),
         ]  # fmt: skip
         if self.model:

@@ -22,8 +22,8 @@ from pathlib import Path
 import gevent
 from locust.runners import MasterRunner, WorkerRunner
 
-from analysis.generator import GENERATOR_DIR, PROBE_INTERVAL_S, ROW_INTERVAL_S, sample_line
-from locustfiles.distributed import GENERATOR_MESSAGE
+from ..analysis.generator import GENERATOR_DIR, PROBE_INTERVAL_S, ROW_INTERVAL_S, sample_line
+from .distributed import GENERATOR_MESSAGE
 
 logger = logging.getLogger("vllm_loadtest.selfcheck")
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from locust import LoadTestShape
 from locust.runners import MasterRunner, WorkerRunner
 
-from analysis.schedule import parse_rates
-from locustfiles.openloop import OpenLoopPlan
-from locustfiles.options import parse_duration, parse_steps
+from ..analysis.schedule import parse_rates
+from .openloop import OpenLoopPlan
+from .options import parse_duration, parse_steps
 
 STEP_MESSAGE = "vllm_loadtest_step"
 

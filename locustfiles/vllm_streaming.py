@@ -4,8 +4,8 @@
         --steps 1,2,4,8,16,32,64 --step-duration 30s --max-tokens 256 --ignore-eos
 """
 
-from locustfiles import plugin, shape
-from locustfiles.openai_user import OpenAIStreamingUser
+from vllm_loadtest.locustfiles import plugin, shape
+from vllm_loadtest.locustfiles.openai_user import OpenAIStreamingUser
 
 plugin.install()
 

@@ -21,16 +21,18 @@ from pathlib import Path
 
 from flask import Response, request
 
-from analysis import glossary
-from analysis.live import LiveRecords, latest_gauges, live_table
-from analysis.records import RECORDS_DIR
-from analysis.run import read_run
-from locustfiles.distributed import RECORDS_EVENT
-from locustfiles.options import api_key
+from ..analysis import glossary
+from ..analysis.live import LiveRecords, latest_gauges, live_table
+from ..analysis.records import RECORDS_DIR
+from ..analysis.run import read_run
+from .distributed import RECORDS_EVENT
+from .options import api_key
 
 logger = logging.getLogger("vllm_loadtest.webui")
 
 TAB = "llm"
+# `python -m` of the analysis package beside this one: vllm_loadtest.analysis, installed or in a checkout.
+ANALYSIS_PACKAGE = __package__.rpartition(".")[0] + ".analysis"
 REFRESH_MIN_S = 1.0  # the live table is recomputed at most this often, however many browsers poll
 
 # (row key, title) of the tab's columns, from the glossary: its web UI list, titles and formats (latencies in ms).
@@ -188,7 +190,7 @@ class LLMTab:
         with tempfile.TemporaryDirectory(prefix="vllm-loadtest-") as tmp:
             out = Path(tmp) / filename
             proc = subprocess.run(
-                [sys.executable, "-m", "analysis", "snapshot", str(run_dir), f"--{kind}", str(out)],
+                [sys.executable, "-m", ANALYSIS_PACKAGE, "snapshot", str(run_dir), f"--{kind}", str(out)],
                 capture_output=True,
                 text=True,
                 timeout=600,

@@ -94,7 +94,7 @@ def fake_server():
 @pytest.fixture(scope="session")
 def vllm_server():
     """One real vLLM (CPU build, tiny model) for the whole session; installed on first use, always stopped."""
-    from embedded_vllm import EmbeddedVLLM, ServerSettings
+    from vllm_loadtest.embedded_vllm import EmbeddedVLLM, ServerSettings
 
     # max_num_seqs above what the 128-block cache holds, so the cache, not the batch-size cap, binds under load.
     server = EmbeddedVLLM(ServerSettings(num_blocks=128, block_size=32, max_model_len=512, max_num_seqs=64))

@@ -10,12 +10,11 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-
-import analysis.records as records_mod
-import analysis.report as report_mod
-import analysis.steps as steps_mod
-from analysis import glossary
-from analysis.records import (
+import vllm_loadtest.analysis.records as records_mod
+import vllm_loadtest.analysis.report as report_mod
+import vllm_loadtest.analysis.steps as steps_mod
+from vllm_loadtest.analysis import glossary
+from vllm_loadtest.analysis.records import (
     RECEIVED_DIR,
     RECORDS_DIR,
     SCHEMA,
@@ -24,9 +23,10 @@ from analysis.records import (
     read_records_file,
     read_records_tolerant,
 )
-from analysis.report import CDF_RANKS, cdf_points
-from analysis.run import read_run
-from analysis.steps import itl_samples, step_table
+from vllm_loadtest.analysis.report import CDF_RANKS, cdf_points
+from vllm_loadtest.analysis.run import read_run
+from vllm_loadtest.analysis.steps import itl_samples, step_table
+
 from tests.benchmarks.bench_analysis import (
     Shape,
     generate_run,

@@ -3,8 +3,7 @@
 import math
 
 import pytest
-
-from analysis.ceiling import (
+from vllm_loadtest.analysis.ceiling import (
     GPU_BANDWIDTH_GBS,
     bandwidth_gbs,
     ceiling_report,
@@ -56,7 +55,8 @@ def test_missing_inputs_give_no_ceiling_and_missing_tpot_is_said():
 
 
 def test_bandwidth_from_the_web_ui_form_is_text_and_becomes_a_number():
-    from locustfiles.options import check
+    from vllm_loadtest.locustfiles.options import check
+
     from tests.helpers.inprocess import parse_options
 
     for given, expected in (("3350", 3350.0), ("", None)):

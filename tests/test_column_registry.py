@@ -13,15 +13,15 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from vllm_loadtest.analysis import glossary as g
+from vllm_loadtest.analysis.generator import GENERATOR_COLUMNS
+from vllm_loadtest.analysis.live import FIELDS
+from vllm_loadtest.analysis.records import SCHEMA, single_model
+from vllm_loadtest.analysis.report import REPORT_FILE, _table_html
+from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS, open_loop_columns
+from vllm_loadtest.analysis.server_metrics import SERVER_COLUMNS
+from vllm_loadtest.analysis.steps import STEP_COLUMNS, format_table
 
-from analysis import glossary as g
-from analysis.generator import GENERATOR_COLUMNS
-from analysis.live import FIELDS
-from analysis.records import SCHEMA, single_model
-from analysis.report import REPORT_FILE, _table_html
-from analysis.schedule import OPEN_LOOP_COLUMNS, open_loop_columns
-from analysis.server_metrics import SERVER_COLUMNS
-from analysis.steps import STEP_COLUMNS, format_table
 from tests.conftest import ROOT, FakeServer
 from tests.test_headless import short_run
 
@@ -157,7 +157,7 @@ def test_every_declaration_is_complete():
 
 @pytest.mark.unit
 def test_the_web_ui_columns_keep_their_keys_and_titles():
-    from locustfiles.webui import COLUMNS, _row
+    from vllm_loadtest.locustfiles.webui import COLUMNS, _row
 
     assert COLUMNS == [
         ("scope", "Scope"), ("step", "Step"), ("users", "Users"), ("rate_rps", "Rate (req/s)"),

@@ -22,7 +22,7 @@ def test_compose_commands_run_a_complete_distributed_run(fake_server, tmp_path):
     port = free_port()
     app = tmp_path / "app"  # the containers' /app: the repository's code, and ./reports mounted from the host
     app.mkdir()
-    for name in ("locustfiles", "analysis", "embedded_vllm"):
+    for name in ("locustfiles", "analysis", "embedded_vllm", "vllm_loadtest"):
         (app / name).symlink_to(ROOT / name)
     services = load()["services"]
     locust_args = (

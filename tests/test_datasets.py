@@ -9,9 +9,8 @@ import random
 from pathlib import Path
 
 import pytest
-
-from locustfiles import datasets
-from locustfiles.datasets import (
+from vllm_loadtest.locustfiles import datasets
+from vllm_loadtest.locustfiles.datasets import (
     REQUEST_ID_PLACEHOLDER,
     DatasetError,
     FixedSource,
@@ -23,6 +22,7 @@ from locustfiles.datasets import (
     parse_dataset,
     parse_max_tokens,
 )
+
 from tests.fakeserver import count_tokens
 from tests.helpers.inprocess import parse_options
 
@@ -268,7 +268,7 @@ def test_bad_max_tokens_dist_is_a_one_line_error(text):
 
 
 def test_option_check_covers_the_dataset_options(tmp_path):
-    from locustfiles.plugin import check_options as check
+    from vllm_loadtest.locustfiles.plugin import check_options as check
 
     check(parse_options("--dataset", "synthetic:32", "--max-tokens-dist", "uniform:1:8"))
     (tmp_path / "p.json").write_text('["a prompt"]')

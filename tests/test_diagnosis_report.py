@@ -2,8 +2,7 @@ import json
 
 import pandas as pd
 import pytest
-
-from analysis.diagnosis import BATCH_SLOTS, COMPUTE, KV_CACHE, UNKNOWN, diagnose, gain_per_doubling
+from vllm_loadtest.analysis.diagnosis import BATCH_SLOTS, COMPUTE, KV_CACHE, UNKNOWN, diagnose, gain_per_doubling
 
 
 def table(tok_s, kv=None, waiting=None, preempt=None, users=(1, 2, 4, 8, 16)):
@@ -54,7 +53,8 @@ def test_no_knee():
 
 @pytest.mark.e2e
 def test_report_is_self_contained_and_escapes_server_text(fake_server, tmp_path):
-    from analysis.report import REPORT_FILE, SUMMARY_FILE
+    from vllm_loadtest.analysis.report import REPORT_FILE, SUMMARY_FILE
+
     from tests.helpers.runs import short_run
 
     server = fake_server(
@@ -77,7 +77,8 @@ def test_report_regenerates_from_a_copied_run_dir_and_overlays_compared_runs(fak
     import subprocess
     import sys
 
-    from analysis.report import REPORT_FILE, SUMMARY_FILE
+    from vllm_loadtest.analysis.report import REPORT_FILE, SUMMARY_FILE
+
     from tests.helpers.paths import ROOT
     from tests.helpers.runs import locust
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from vllm_loadtest.analysis.generator import GENERATOR_DIR, GENERATOR_FILE
+from vllm_loadtest.analysis.records import RECEIVED_DIR, RECORDS_DIR, merge_records
 
-from analysis.generator import GENERATOR_DIR, GENERATOR_FILE
-from analysis.records import RECEIVED_DIR, RECORDS_DIR, merge_records
 from tests.helpers.net import free_port  # noqa: F401 - for modules that import it from here
 from tests.helpers.paths import ROOT
 from tests.helpers.runs import cluster, kill_still_running, locust, locust_command

@@ -5,9 +5,9 @@ import time
 
 import pandas as pd
 import pytest
+from vllm_loadtest.analysis.records import load_records
+from vllm_loadtest.locustfiles.openai_user import OpenAIStreamingUser
 
-from analysis.records import load_records
-from locustfiles.openai_user import OpenAIStreamingUser
 from tests.helpers.inprocess import run_in_process
 
 pytestmark = pytest.mark.unit

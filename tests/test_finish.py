@@ -12,9 +12,9 @@ import sys
 
 import pandas as pd
 import pytest
+from vllm_loadtest.analysis.finish import compute_so_far, finish_run
+from vllm_loadtest.analysis.run import error_limit, parse_rate
 
-from analysis.finish import compute_so_far, finish_run
-from analysis.run import error_limit, parse_rate
 from tests.conftest import ROOT
 from tests.helpers.runs import short_run
 
@@ -107,7 +107,7 @@ def test_one_outcome_feeds_the_console_the_files_and_the_report(finished_run, tm
     failed, total = outcome.errors["failed"], outcome.errors["requests"]
     assert f"Errors: {failed} of {total} requests" in outcome.console and 0 < failed < total
     # The report shows the outcome's verdicts, not its own: change one and the page follows.
-    from analysis.report import build_report
+    from vllm_loadtest.analysis.report import build_report
 
     outcome.slo["text"] = ["SLO gate FAILED (as the outcome says).", *outcome.slo["text"][1:]]
     outcome.diagnosis_lines = ["A diagnosis line only the outcome holds."]

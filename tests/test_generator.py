@@ -7,9 +7,8 @@ import math
 
 import pandas as pd
 import pytest
-
-from analysis.diagnosis import KV_CACHE, LOAD_GENERATOR, diagnose
-from analysis.generator import (
+from vllm_loadtest.analysis.diagnosis import KV_CACHE, LOAD_GENERATOR, diagnose
+from vllm_loadtest.analysis.generator import (
     CPU_BOUND,
     GENERATOR_COLUMNS,
     GENERATOR_DIR,
@@ -20,10 +19,11 @@ from analysis.generator import (
     sample_line,
     step_generator_table,
 )
-from analysis.records import RECEIVED_DIR
-from analysis.run import compute_table
-from analysis.schedule import OPEN_LOOP_COLUMNS
-from analysis.steps import format_table
+from vllm_loadtest.analysis.records import RECEIVED_DIR
+from vllm_loadtest.analysis.run import compute_table
+from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS
+from vllm_loadtest.analysis.steps import format_table
+
 from tests.helpers.records import TIMELINE, frame, rec
 
 pytestmark = pytest.mark.unit
@@ -166,7 +166,7 @@ def test_the_console_marks_a_flagged_step_where_its_numbers_are_read():
 
 
 def test_advice_depends_on_whether_the_load_process_itself_was_busy():
-    from analysis.generator import ADVICE, CONTENDED_ADVICE, advice
+    from vllm_loadtest.analysis.generator import ADVICE, CONTENDED_ADVICE, advice
 
     busy = pd.Series({"users": 64, "generator_lag_p99_s": 0.004, "generator_cpu_max": 0.93, "generator_bound": True})
     idle = pd.Series({"users": 64, "generator_lag_p99_s": 0.004, "generator_cpu_max": 0.08, "generator_bound": True})

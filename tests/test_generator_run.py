@@ -11,12 +11,12 @@ import socket
 import numpy as np
 import pandas as pd
 import pytest
+from vllm_loadtest.analysis.diagnosis import LOAD_GENERATOR
+from vllm_loadtest.analysis.generator import CPU_BOUND, GENERATOR_COLUMNS, GENERATOR_DIR, GENERATOR_FILE, LAG_BOUND_S
+from vllm_loadtest.analysis.records import RECEIVED_DIR
+from vllm_loadtest.analysis.report import REPORT_FILE, SUMMARY_FILE
+from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS
 
-from analysis.diagnosis import LOAD_GENERATOR
-from analysis.generator import CPU_BOUND, GENERATOR_COLUMNS, GENERATOR_DIR, GENERATOR_FILE, LAG_BOUND_S
-from analysis.records import RECEIVED_DIR
-from analysis.report import REPORT_FILE, SUMMARY_FILE
-from analysis.schedule import OPEN_LOOP_COLUMNS
 from tests.helpers.runs import cluster, locust
 
 pytestmark = [pytest.mark.e2e, pytest.mark.serial]

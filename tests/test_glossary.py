@@ -1,8 +1,7 @@
 import math
 
 import pytest
-
-from analysis import glossary as g
+from vllm_loadtest.analysis import glossary as g
 
 pytestmark = pytest.mark.unit
 

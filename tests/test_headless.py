@@ -9,12 +9,12 @@ import urllib.request
 
 import pandas as pd
 import pytest
+from vllm_loadtest.analysis.generator import GENERATOR_COLUMNS
+from vllm_loadtest.analysis.run import STEPS_FILE
+from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS
+from vllm_loadtest.analysis.server_metrics import SERVER_COLUMNS
+from vllm_loadtest.analysis.steps import STEP_COLUMNS
 
-from analysis.generator import GENERATOR_COLUMNS
-from analysis.run import STEPS_FILE
-from analysis.schedule import OPEN_LOOP_COLUMNS
-from analysis.server_metrics import SERVER_COLUMNS
-from analysis.steps import STEP_COLUMNS
 from tests.helpers.net import free_port
 from tests.helpers.paths import LOCUSTFILE, ROOT  # noqa: F401 - LOCUSTFILE: for modules that import it from here
 from tests.helpers.runs import locust, locust_command, short_run, wait_until  # noqa: F401 - short_run: likewise

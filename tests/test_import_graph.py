@@ -1,5 +1,5 @@
-"""No import cycles between the suite's modules (analysis/, locustfiles/), function-level imports included; an import
-under `if TYPE_CHECKING:` is fine (it never runs)."""
+"""No import cycles between the suite's modules (analysis/, locustfiles/, embedded_vllm/), function-level imports
+included; an import under `if TYPE_CHECKING:` is fine (it never runs)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 pytestmark = pytest.mark.unit
 
-PACKAGES = ("analysis", "locustfiles")
+PACKAGES = ("analysis", "locustfiles", "embedded_vllm")
 
 
 def module_name(path: Path) -> str:
@@ -29,8 +29,22 @@ def _type_checking_only(node: ast.If) -> bool:
     )
 
 
-def imports(tree: ast.AST, modules: set[str]) -> set[str]:
-    """The suite's modules a module imports anywhere in its code (module level, in functions, in classes)."""
+NAMESPACE = "vllm_loadtest."  # the distribution's namespace: the same modules as a checkout's analysis.* ...
+
+
+def absolute(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module an ImportFrom names, relative ones resolved against `package`, the namespace dropped."""
+    if node.level:
+        base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        name = ".".join([*base, *([node.module] if node.module else [])])
+    else:
+        name = node.module or ""
+    return name.removeprefix(NAMESPACE)
+
+
+def imports(tree: ast.AST, modules: set[str], package: str = "") -> set[str]:
+    """The suite's modules a module imports anywhere in its code (module level, in functions, in classes);
+    `package` is the module's own package, for relative imports."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
@@ -40,11 +54,12 @@ def imports(tree: ast.AST, modules: set[str]) -> set[str]:
             return
         if isinstance(node, ast.Import):
             for alias in node.names:
-                found.add(alias.name)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            # `from analysis import report` imports the module analysis.report
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+                found.add(alias.name.removeprefix(NAMESPACE))
+        elif isinstance(node, ast.ImportFrom) and (node.module or node.level):
+            module = absolute(node, package)
+            found.add(module)
+            # `from analysis import report` (or `from . import report`) imports the module analysis.report
+            found.update(f"{module}.{alias.name}" for alias in node.names)
         for child in ast.iter_child_nodes(node):
             visit(child)
 
@@ -59,7 +74,8 @@ def import_graph() -> dict[str, set[str]]:
     graph = {}
     for path in paths:
         name = module_name(path)
-        graph[name] = imports(ast.parse(path.read_text(encoding="utf-8")), modules) - {name}
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        graph[name] = imports(ast.parse(path.read_text(encoding="utf-8")), modules, package) - {name}
     return graph
 
 
@@ -105,6 +121,11 @@ def test_the_cycle_finder_finds_a_lazy_import_cycle_and_ignores_type_checking():
     typing_only = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\n")
     assert cycles({"a": imports(lazy, modules), "b": imports(back, modules)}) == [["a", "b"]]
     assert cycles({"a": imports(lazy, modules), "b": imports(typing_only, modules)}) == []
+    # Relative imports and the installed namespace name the same modules as a checkout's absolute names.
+    suite = {"analysis.steps", "analysis", "locustfiles.shape"}
+    assert imports(ast.parse("from ..analysis import steps\n"), suite, "locustfiles") == {"analysis", "analysis.steps"}
+    assert imports(ast.parse("from .shape import X\n"), suite, "locustfiles") == {"locustfiles.shape"}
+    assert imports(ast.parse("import vllm_loadtest.analysis.steps as s\n"), suite) == {"analysis.steps"}
 
 
 def test_the_graph_sees_the_suites_modules():

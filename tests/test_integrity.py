@@ -2,9 +2,8 @@
 
 import pandas as pd
 import pytest
-
-from analysis.integrity import integrity
-from analysis.server_metrics import GENERATION_TOKENS, SUCCESS, merge_scrapes, scrape_line
+from vllm_loadtest.analysis.integrity import integrity
+from vllm_loadtest.analysis.server_metrics import GENERATION_TOKENS, SUCCESS, merge_scrapes, scrape_line
 
 pytestmark = pytest.mark.unit
 

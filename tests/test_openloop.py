@@ -10,10 +10,9 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import pytest
-
-from analysis import glossary
-from analysis.diagnosis import diagnose
-from analysis.schedule import (
+from vllm_loadtest.analysis import glossary
+from vllm_loadtest.analysis.diagnosis import diagnose
+from vllm_loadtest.analysis.schedule import (
     OPEN_LOOP_COLUMNS,
     arrival_times,
     format_open_loop,
@@ -21,8 +20,9 @@ from analysis.schedule import (
     lag_bound_s,
     parse_rates,
 )
-from analysis.steps import format_table, step_table
-from locustfiles.openloop import OpenLoopPlan
+from vllm_loadtest.analysis.steps import format_table, step_table
+from vllm_loadtest.locustfiles.openloop import OpenLoopPlan
+
 from tests.helpers.records import frame, rec
 
 pytestmark = pytest.mark.unit
@@ -73,7 +73,8 @@ def test_rates_parse():
 
 
 def test_rates_and_steps_are_alternatives():
-    from locustfiles import options as options_mod
+    from vllm_loadtest.locustfiles import options as options_mod
+
     from tests.helpers.inprocess import parse_options
 
     with pytest.raises(ValueError, match="--rates 1,2 and --steps 4 are alternatives"):
@@ -131,7 +132,7 @@ def test_due_times_never_sent_are_counted_at_the_end():
 
 
 def test_a_worker_sends_its_rank_s_share(monkeypatch):
-    from locustfiles.shape import StepTracker
+    from vllm_loadtest.locustfiles.shape import StepTracker
 
     env = SimpleNamespace(runner=SimpleNamespace(client_id="b"), parsed_options=None)
     tracker = StepTracker(env)

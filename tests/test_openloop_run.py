@@ -11,9 +11,9 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from vllm_loadtest.analysis.run import STEPS_FILE
+from vllm_loadtest.analysis.schedule import arrival_times
 
-from analysis.run import STEPS_FILE
-from analysis.schedule import arrival_times
 from tests.helpers.runs import locust
 
 pytestmark = [pytest.mark.e2e, pytest.mark.serial]

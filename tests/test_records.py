@@ -6,8 +6,8 @@ import textwrap
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from vllm_loadtest.analysis.records import RECORDS_DIR, REQUESTS_FILE, SCHEMA, RecordWriter, merge_records
 
-from analysis.records import RECORDS_DIR, REQUESTS_FILE, SCHEMA, RecordWriter, merge_records
 from tests.helpers.paths import ROOT
 from tests.helpers.records import make_record
 
@@ -63,7 +63,7 @@ def test_records_survive_sigkill_of_the_writing_process(tmp_path):
         import os, signal, sys
         sys.path.insert(0, {str(ROOT)!r})
         from tests.helpers.records import make_record
-        from analysis.records import RecordWriter
+        from vllm_loadtest.analysis.records import RecordWriter
         w = RecordWriter({str(tmp_path / RECORDS_DIR / "k.jsonl")!r})
         for i in range(50):
             w.write(make_record(i))
@@ -75,7 +75,7 @@ def test_records_survive_sigkill_of_the_writing_process(tmp_path):
 
 
 def test_a_requests_file_from_before_the_dataset_columns_reads_them_as_missing(tmp_path):
-    from analysis.records import REQUEST_COLUMNS, load_records
+    from vllm_loadtest.analysis.records import REQUEST_COLUMNS, load_records
 
     RecordWriter(tmp_path / RECORDS_DIR / "a.jsonl").write(make_record(1))
     merge_records(tmp_path)

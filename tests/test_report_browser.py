@@ -1,8 +1,8 @@
 """report.html in a real headless Chromium: every chart renders with data, no JavaScript error, no network."""
 
 import pytest
+from vllm_loadtest.analysis.report import REPORT_FILE
 
-from analysis.report import REPORT_FILE
 from tests.browser import PNG_SIGNATURE, chromium, open_page, png_size, require_chromium, screenshot
 from tests.helpers.runs import short_run
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 from locust.argument_parser import get_parser
-
-from locustfiles import options as options_mod
-from locustfiles.plugin import SAVED_OPTIONS
+from vllm_loadtest.locustfiles import options as options_mod
+from vllm_loadtest.locustfiles.plugin import SAVED_OPTIONS
 
 pytestmark = pytest.mark.unit
 

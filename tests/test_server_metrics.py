@@ -2,8 +2,7 @@ import math
 
 import pandas as pd
 import pytest
-
-from analysis.server_metrics import (
+from vllm_loadtest.analysis.server_metrics import (
     GENERATION_TOKENS,
     KV_CACHE,
     SUCCESS,
@@ -18,6 +17,7 @@ from analysis.server_metrics import (
     server_info,
     step_server_table,
 )
+
 from tests.helpers.paths import FIXTURES
 
 pytestmark = pytest.mark.unit

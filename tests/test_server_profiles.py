@@ -12,11 +12,10 @@ import time
 import pandas as pd
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
-from analysis import servers
-from analysis.integrity import integrity
-from analysis.prometheus_text import parse_samples
-from analysis.server_metrics import (
+from vllm_loadtest.analysis import servers
+from vllm_loadtest.analysis.integrity import integrity
+from vllm_loadtest.analysis.prometheus_text import parse_samples
+from vllm_loadtest.analysis.server_metrics import (
     GENERATION_TOKENS,
     KV_CACHE,
     QUEUE_HISTOGRAM,
@@ -28,6 +27,7 @@ from analysis.server_metrics import (
     scrape_line,
     step_server_table,
 )
+
 from tests.conftest import FIXTURES, parse_options
 
 pytestmark = pytest.mark.unit
@@ -278,7 +278,7 @@ def test_run_json_entry_and_the_profile_of_an_old_run():
 
 # --- request bodies -------------------------------------------------------------------------------------------------
 def payload(*args: str) -> dict:
-    from locustfiles.openai_user import build_payload
+    from vllm_loadtest.locustfiles.openai_user import build_payload
 
     return build_payload(parse_options(*args), "m", "hi")
 
@@ -297,13 +297,13 @@ def test_request_extensions_per_profile():
     # A detected profile (set by preflight on the options) wins over --server-type auto.
     opts = parse_options()
     opts.server_profile = "openai"
-    from locustfiles.openai_user import build_payload
+    from vllm_loadtest.locustfiles.openai_user import build_payload
 
     assert build_payload(opts, "m", "hi")["stream_options"] == {"include_usage": True}
 
 
 def test_ignore_eos_is_refused_for_a_server_without_it():
-    from locustfiles import options as options_mod
+    from vllm_loadtest.locustfiles import options as options_mod
 
     with pytest.raises(ValueError, match="--ignore-eos cannot be sent to a generic OpenAI-compatible API"):
         options_mod.check(parse_options("--server-type", "openai", "--ignore-eos"))
@@ -337,7 +337,7 @@ def test_tokenizer_request_and_answer_shapes():
 
 
 def test_a_profile_without_a_tokenizer_builds_estimates_without_calling_the_server(fake_server):
-    from locustfiles.datasets import build_dataset
+    from vllm_loadtest.locustfiles.datasets import build_dataset
 
     server = fake_server()
     opts = parse_options("--host", server.url, "--server-type", "openai", "--dataset", "synthetic:32",
@@ -352,7 +352,7 @@ def test_a_profile_without_a_tokenizer_builds_estimates_without_calling_the_serv
 
 # --- the scraper's child process maps with the profile it is given -----------------------------------------------
 def test_the_scraper_process_maps_the_servers_names(tmp_path):
-    from locustfiles.scraper import MetricsScraper
+    from vllm_loadtest.locustfiles.scraper import MetricsScraper
 
     site = tmp_path / "site"
     site.mkdir()

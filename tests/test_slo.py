@@ -5,8 +5,7 @@ import math
 
 import pandas as pd
 import pytest
-
-from analysis.slo import judge_steps, markdown_summary, parse_slo, verdict, verdict_lines
+from vllm_loadtest.analysis.slo import judge_steps, markdown_summary, parse_slo, verdict, verdict_lines
 
 pytestmark = pytest.mark.unit
 

@@ -4,8 +4,8 @@ import json
 
 import pandas as pd
 import pytest
+from vllm_loadtest.analysis.run import efficiency_ceiling
 
-from analysis.run import efficiency_ceiling
 from tests.helpers.runs import locust
 
 pytestmark = pytest.mark.e2e

@@ -1,7 +1,7 @@
 import orjson
 import pytest
+from vllm_loadtest.analysis.sse import EMPTY_STREAM, MALFORMED_JSON, STREAM_ERROR, StreamParser, parse_stream
 
-from analysis.sse import EMPTY_STREAM, MALFORMED_JSON, STREAM_ERROR, StreamParser, parse_stream
 from tests.helpers.paths import FIXTURES
 
 pytestmark = pytest.mark.unit

@@ -3,9 +3,9 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS
+from vllm_loadtest.analysis.steps import STEP_COLUMNS, format_table, percentile, step_table
 
-from analysis.schedule import OPEN_LOOP_COLUMNS
-from analysis.steps import STEP_COLUMNS, format_table, percentile, step_table
 from tests.helpers.records import TIMELINE, frame, rec
 
 pytestmark = pytest.mark.unit

@@ -7,9 +7,9 @@ precise figures (the claim of 2 ms at p99 lives there). Serial: other tests besi
 import numpy as np
 import pandas as pd
 import pytest
+from vllm_loadtest.analysis.records import load_records
+from vllm_loadtest.locustfiles.openai_user import OpenAIStreamingUser
 
-from analysis.records import load_records
-from locustfiles.openai_user import OpenAIStreamingUser
 from tests.helpers.inprocess import run_in_process
 
 pytestmark = [pytest.mark.unit, pytest.mark.serial]

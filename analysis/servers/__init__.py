@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from analysis.servers import llamacpp, openai, sglang, tgi, vllm
+from . import llamacpp, openai, sglang, tgi, vllm
 
 # The suite's canonical series: key -> the name the analysis reads (vLLM 0.32's). Histograms are family names
 # (their samples end in _bucket, _sum, _count); the others are sample names.

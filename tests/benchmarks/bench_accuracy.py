@@ -17,9 +17,9 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from vllm_loadtest.analysis.records import load_records
+from vllm_loadtest.locustfiles.openai_user import OpenAIStreamingUser
 
-from analysis.records import load_records
-from locustfiles.openai_user import OpenAIStreamingUser
 from tests.helpers.inprocess import run_in_process
 from tests.helpers.servers import FakeServer
 

@@ -44,11 +44,10 @@ import orjson
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from analysis import glossary
-from analysis.generator import GENERATOR_DIR, sample_line
-from analysis.records import RECEIVED_DIR, RECORDS_DIR, REQUESTS_FILE, SCHEMA, RequestRecord
-from analysis.sse import CONNECTION_ERROR, CUT_OFF
+from vllm_loadtest.analysis import glossary
+from vllm_loadtest.analysis.generator import GENERATOR_DIR, sample_line
+from vllm_loadtest.analysis.records import RECEIVED_DIR, RECORDS_DIR, REQUESTS_FILE, SCHEMA, RequestRecord
+from vllm_loadtest.analysis.sse import CONNECTION_ERROR, CUT_OFF
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "bench-model"
@@ -373,17 +372,17 @@ def reference_cdf_points(sorted_values: np.ndarray) -> tuple[np.ndarray, np.ndar
 def reference_report(run_dir: Path) -> None:
     """`python -m analysis report RUN_DIR` as it was before the fast path, in this process: the reference merge,
     ITL samples and CDF points, and a TTFT marker for every request (the rest is analysis.finish's)."""
-    import analysis.report
-    import analysis.run
-    import analysis.steps
-    from analysis.__main__ import main as analysis_main
+    import vllm_loadtest.analysis.report
+    import vllm_loadtest.analysis.run
+    import vllm_loadtest.analysis.steps
+    from vllm_loadtest.analysis.__main__ import main as analysis_main
 
     with contextlib.ExitStack() as patches:
         for module, name, value in (
-            (analysis.run, "merge_records", reference_merge_records),
-            (analysis.steps, "itl_samples", reference_itl_samples),
-            (analysis.report, "cdf_points", reference_cdf_points),
-            (analysis.report, "TIMELINE_POINTS", math.inf),
+            (vllm_loadtest.analysis.run, "merge_records", reference_merge_records),
+            (vllm_loadtest.analysis.steps, "itl_samples", reference_itl_samples),
+            (vllm_loadtest.analysis.report, "cdf_points", reference_cdf_points),
+            (vllm_loadtest.analysis.report, "TIMELINE_POINTS", math.inf),
         ):
             patches.enter_context(mock.patch.object(module, name, value))
         with contextlib.redirect_stdout(io.StringIO()):  # the same table as the fast run's, printed once is enough

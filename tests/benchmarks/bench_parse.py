@@ -10,9 +10,9 @@ import timeit
 from dataclasses import asdict
 
 import orjson
+from vllm_loadtest.analysis.records import RequestRecord
+from vllm_loadtest.analysis.sse import StreamParser, parse_stream
 
-from analysis.records import RequestRecord
-from analysis.sse import StreamParser, parse_stream
 from tests.helpers.paths import FIXTURES
 
 

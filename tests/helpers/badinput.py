@@ -9,8 +9,9 @@ import io
 from contextlib import redirect_stderr
 from pathlib import Path
 
-from locustfiles.plugin import check_options
-from locustfiles.preflight import SetupError, check_run_dir, preflight
+from vllm_loadtest.locustfiles.plugin import check_options
+from vllm_loadtest.locustfiles.preflight import SetupError, check_run_dir, preflight
+
 from tests.helpers.inprocess import parse_options
 
 

@@ -10,9 +10,8 @@ import locust  # noqa: F401 - imported first: it monkey-patches the standard lib
 from locust.argument_parser import get_parser
 from locust.env import Environment
 from locust.event import Events
-
-from locustfiles import options as options_mod
-from locustfiles import plugin
+from vllm_loadtest.locustfiles import options as options_mod
+from vllm_loadtest.locustfiles import plugin
 
 
 def parse_options(*args: str):

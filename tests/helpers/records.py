@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
-
-from analysis.records import SCHEMA, RequestRecord
+from vllm_loadtest.analysis.records import SCHEMA, RequestRecord
 
 
 def rec(i, step, users, start, ttft, n, itl, warmup=False, status="ok", error_type=None, duration=None) -> dict:

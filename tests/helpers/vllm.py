@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import urllib.request
 
-from analysis.server_metrics import GENERATION_TOKENS, RUNNING, SUCCESS, counter_total, parse_samples
+from vllm_loadtest.analysis.server_metrics import GENERATION_TOKENS, RUNNING, SUCCESS, counter_total, parse_samples
 
 
 def scrape(url: str) -> list:

@@ -11,8 +11,8 @@ import time
 
 import pandas as pd
 import pytest
+from vllm_loadtest.analysis.records import RECORDS_DIR
 
-from analysis.records import RECORDS_DIR
 from tests.helpers.runs import cluster
 from tests.helpers.vllm import finished_counts
 

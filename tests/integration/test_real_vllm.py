@@ -7,9 +7,9 @@ import json
 
 import pandas as pd
 import pytest
+from vllm_loadtest.analysis.records import load_records
+from vllm_loadtest.locustfiles.openai_user import OpenAIStreamingUser
 
-from analysis.records import load_records
-from locustfiles.openai_user import OpenAIStreamingUser
 from tests.helpers.inprocess import run_in_process
 from tests.helpers.runs import locust
 from tests.helpers.vllm import finished_counts

@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from vllm_loadtest.analysis.records import REQUESTS_FILE
+from vllm_loadtest.analysis.report import REPORT_FILE
+from vllm_loadtest.analysis.run import STEPS_FILE
 
-from analysis.records import REQUESTS_FILE
-from analysis.report import REPORT_FILE
-from analysis.run import STEPS_FILE
 from tests.browser import PNG_SIGNATURE, chromium, open_page, png_size, require_chromium, screenshot
 from tests.helpers.net import free_port
 from tests.helpers.paths import ROOT

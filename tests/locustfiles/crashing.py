@@ -1,9 +1,8 @@
 """A load generator with a bug: its task raises. The run must exit 2 (the tool failed), not 0 or 1."""
 
 from locust import constant
-
-from locustfiles import plugin, shape
-from locustfiles.openai_user import OpenAIStreamingUser
+from vllm_loadtest.locustfiles import plugin, shape
+from vllm_loadtest.locustfiles.openai_user import OpenAIStreamingUser
 
 plugin.install()
 
