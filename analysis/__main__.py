@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     report.add_argument("run_dir", type=Path)
     report.add_argument("--compare", type=Path, nargs="*", default=[], help="other run directories to overlay")
-    gloss = sub.add_parser("glossary", help="print the metric glossary as a Markdown table (the README's)")
+    gloss = sub.add_parser("glossary", help="print the metric glossary as a Markdown table")
     gloss.add_argument("--docs", action="store_true", help="print docs/metrics.md instead: every column of every table")
     gloss.add_argument(
         "--write", type=Path, metavar="PATH", help="write docs/metrics.md's text to PATH (implies --docs)"

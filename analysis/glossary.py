@@ -1,6 +1,6 @@
 """The one glossary: every metric the suite reports, every column it writes, their units and their formulas.
 
-`GLOSSARY` defines the metrics (the README's table). `COLUMNS` declares every column of `steps.csv` and of
+`GLOSSARY` defines the metrics (docs/metrics.md's first table). `COLUMNS` declares every column of `steps.csv` and of
 `requests.parquet` once: its unit, formula, meaning, console header, format and section. The step table's column
 lists (`analysis.steps.STEP_COLUMNS`, `analysis.server_metrics.SERVER_COLUMNS`, `analysis.generator.
 GENERATOR_COLUMNS`, `analysis.schedule.OPEN_LOOP_COLUMNS`), the console tables, the web UI's LLM tab, the
@@ -232,7 +232,7 @@ GLOSSARY: dict[str, Metric] = {m.name: m for m in _METRICS}
 
 
 def markdown_table() -> str:
-    """The glossary as the README's Markdown table (`python -m analysis glossary`)."""
+    """The glossary as a Markdown table (`python -m analysis glossary`; the first table of docs/metrics.md)."""
     rows = ["| name | unit | definition |", "|---|---|---|"]
     rows += [f"| `{m.name}` | {m.unit} | {m.definition} |" for m in GLOSSARY.values()]
     return "\n".join(rows)

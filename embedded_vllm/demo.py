@@ -1,6 +1,6 @@
 """The demo: the embedded vLLM with a small KV cache, a stepped headless Locust run, and the table.
 
-The KV cache is deliberately small (128 blocks of 32 tokens), so at the highest steps it fills up, requests
+The KV cache is deliberately small (64 blocks of 32 tokens), so at the highest steps it fills up, requests
 wait for capacity and get preempted, and aggregate tokens/s flattens: the saturation a user should learn to
 recognise.
 """

@@ -225,7 +225,7 @@ def add_arguments(parser) -> None:
         default="",
         env_var="LOCUST_GPU",
         help="The server's accelerator, for the efficiency ceiling: a preset memory bandwidth (h100-sxm, "
-        "a100-80gb-sxm, l40s, l4, mi300x, ...; see README)",
+        "a100-80gb-sxm, l40s, l4, mi300x, ...; see docs/options.md)",
     )
     parser.add_argument(
         "--memory-bandwidth-gbs",
