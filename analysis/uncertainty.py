@@ -1,0 +1,143 @@
+"""How sure a step's numbers are: confidence intervals that hold on the data a load test produces.
+
+Pure (numpy and scipy, no Locust, no network). The methods, and what they assume, are in docs/metrics.md:
+- rates over a window (aggregate tok/s, requests/s): batch means. Events inside one step are autocorrelated (the
+  same users, the same batch), so a t-interval over 1-second bins is too narrow; the window is cut into k equal
+  batches, each much longer than one request, and the t-interval (k - 1 degrees of freedom) is taken over the k
+  batch rates. When adjacent batch rates are still correlated, fewer and longer batches are used.
+- percentiles (TTFT, TPOT, E2E): distribution-free order-statistic intervals from the binomial distribution of
+  the number of samples below the true quantile, assuming independent requests.
+- means over requests (per-request tok/s, E2E mean): the t-interval over the requests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+CONFIDENCE = 0.95
+MIN_BATCHES = 5  # fewer batches leave a t-interval too wide to mean anything (t(3) = 3.18)
+MAX_BATCHES = 20
+BATCH_E2E_MULTIPLE = 4.0  # a batch spans at least this many median E2Es, so edges cut few requests
+MAX_LAG1 = 0.5  # above this lag-1 autocorrelation of batch rates, batches are merged pairwise
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate and its confidence interval; low/high are NaN when the data cannot give one, and `note`
+    then says why ("too few samples", "step too short")."""
+
+    value: float
+    low: float = math.nan
+    high: float = math.nan
+    n: int = 0
+    note: str | None = None
+
+    @property
+    def half_width(self) -> float:
+        """(high - low) / 2: the ± printed beside a value."""
+        return (self.high - self.low) / 2
+
+    @property
+    def relative_half_width(self) -> float:
+        """half_width / |value|: what --ci-target is compared with."""
+        return self.half_width / abs(self.value) if self.value else math.nan
+
+    def contains(self, x: float) -> bool:
+        return bool(self.low <= x <= self.high)
+
+
+def t_interval(values: Sequence[float] | np.ndarray, confidence: float = CONFIDENCE) -> Interval:
+    """Mean ± t(n-1, (1+c)/2) * s / sqrt(n) over independent values; NaN bounds below 2 values."""
+    x = np.asarray(values, dtype=float)
+    x = x[~np.isnan(x)]
+    n = int(x.size)
+    if n == 0:
+        return Interval(math.nan, n=0, note="no samples")
+    mean = float(x.mean())
+    if n < 2:
+        return Interval(mean, n=n, note="too few samples")
+    half = float(stats.t.ppf((1 + confidence) / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
+    return Interval(mean, mean - half, mean + half, n)
+
+
+def lag1_autocorrelation(x: np.ndarray) -> float:
+    """r1 = sum((x_i - m)(x_(i+1) - m)) / sum((x_i - m)^2); NaN for fewer than 3 values or no variance."""
+    if x.size < 3:
+        return math.nan
+    d = x - x.mean()
+    denom = float(np.dot(d, d))
+    return float(np.dot(d[:-1], d[1:]) / denom) if denom > 0 else math.nan
+
+
+def batch_count(window_s: float, e2e_median_s: float | None) -> int:
+    """k = min(MAX_BATCHES, window_s / (BATCH_E2E_MULTIPLE * median E2E)), so each batch spans several requests."""
+    if not window_s > 0:
+        return 0
+    if e2e_median_s is None or not e2e_median_s > 0 or math.isnan(e2e_median_s):
+        return MAX_BATCHES
+    return int(min(MAX_BATCHES, window_s // (BATCH_E2E_MULTIPLE * e2e_median_s)))
+
+
+def batch_means(
+    times: Sequence[float] | np.ndarray,
+    weights: Sequence[float] | np.ndarray,
+    start: float,
+    end: float,
+    batches: int,
+    confidence: float = CONFIDENCE,
+) -> Interval:
+    """Rate = sum of the weights of the events in [start, end) / (end - start), with a batch-means t-interval:
+    the window cut into `batches` equal batches, rate_b = weights in batch b / batch length, t-interval over the
+    rate_b (merged pairwise while their lag-1 autocorrelation exceeds MAX_LAG1). The point estimate is the same
+    as the whole window's rate, since equal batches partition the window."""
+    t = np.asarray(times, dtype=float)
+    w = np.asarray(weights, dtype=float)
+    window = end - start
+    if not window > 0:
+        return Interval(math.nan, note="empty window")
+    inside = (t >= start) & (t < end)
+    value = float(w[inside].sum() / window)
+    if batches < MIN_BATCHES:
+        return Interval(value, n=max(batches, 0), note="step too short for an interval")
+    index = np.minimum(((t[inside] - start) / window * batches).astype(np.int64), batches - 1)
+    rates = np.bincount(index, weights=w[inside], minlength=batches) / (window / batches)
+    while rates.size >= 2 * MIN_BATCHES and lag1_autocorrelation(rates) > MAX_LAG1:
+        rates = rates[: rates.size // 2 * 2].reshape(-1, 2).mean(axis=1)  # fewer, longer batches
+    ci = t_interval(rates, confidence)
+    if rates.size < MIN_BATCHES:
+        return Interval(value, n=int(rates.size), note="step too short for an interval")
+    return Interval(value, value - ci.half_width, value + ci.half_width, int(rates.size))
+
+
+def min_samples_for_quantile(q: float) -> int:
+    """n >= 10 / (1 - q): fewer samples leave the q-quantile's upper bound at the sample maximum or beyond."""
+    return math.ceil(10 / (1 - q) - 1e-9)
+
+
+def quantile_interval(values: Sequence[float] | np.ndarray, q: float, confidence: float = CONFIDENCE) -> Interval:
+    """q-quantile (linear interpolation, as numpy) with the order-statistic interval [x_(l), x_(u)]: the largest l
+    with P(B <= l-1) <= (1-c)/2 and the smallest u with P(B <= u-1) >= (1+c)/2, B ~ Binomial(n, q); at least c
+    coverage for independent samples. Bounds are NaN, and the note says "too few samples", when n < 10 / (1 - q)
+    or a rank falls outside 1..n."""
+    x = np.asarray(values, dtype=float)
+    x = np.sort(x[~np.isnan(x)])
+    n = int(x.size)
+    if n == 0:
+        return Interval(math.nan, n=0, note="no samples")
+    value = float(np.percentile(x, q * 100))
+    if n < min_samples_for_quantile(q):
+        return Interval(value, n=n, note="too few samples")
+    ranks = np.arange(0, n + 1)  # cdf[k] = P(B <= k)
+    cdf = stats.binom.cdf(ranks, n, q)
+    alpha = (1 - confidence) / 2
+    below = np.nonzero(cdf <= alpha)[0]  # l - 1 candidates
+    above = np.nonzero(cdf >= 1 - alpha)[0]  # u - 1 candidates
+    if not below.size or not above.size or above[0] + 1 > n:
+        return Interval(value, n=n, note="too few samples")
+    low_rank, high_rank = int(below[-1]) + 1, int(above[0]) + 1  # 1-based ranks
+    return Interval(value, float(x[low_rank - 1]), float(x[high_rank - 1]), n)
