@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from analysis.histograms import quantile_bounds
+from vllm_loadtest.analysis.histograms import quantile_bounds
 
 pytestmark = pytest.mark.unit
 

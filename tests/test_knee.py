@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-
-from analysis.knee import find_knee, first_and_second_half, outliers, saturated, stable
+from vllm_loadtest.analysis.knee import find_knee, first_and_second_half, outliers, saturated, stable
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,7 @@ import math
 
 import numpy as np
 import pytest
-
-from analysis.uncertainty import (
+from vllm_loadtest.analysis.uncertainty import (
     Interval,
     batch_count,
     batch_means,
