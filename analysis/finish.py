@@ -24,6 +24,7 @@ from . import servers
 from .diagnosis import Diagnosis, diagnose, worker_lines
 from .integrity import integrity
 from .live import close_open_steps
+from .outages import Outage, find_outages, outage_lines
 from .records import REQUEST_COLUMNS, REQUESTS_FILE, single_model
 from .run import (
     REPORT_FILE,
@@ -54,7 +55,7 @@ class Outcome:
     metrics: pd.DataFrame | None
     generator: pd.DataFrame
     diagnosis: Diagnosis
-    diagnosis_lines: list[str]  # the diagnosis, then a line per worker that went missing or sent no final report
+    diagnosis_lines: list[str]  # the diagnosis, a line per outage, then a line per worker gone missing or unreported
     integrity: dict
     slo: dict | None  # None without --slo
     ceiling: dict | None  # None without a bandwidth and --model-bytes
@@ -62,6 +63,7 @@ class Outcome:
     summary: dict = field(default_factory=dict)  # summary.json
     console: str = ""  # what the end of the run prints
     files: dict[str, Path] = field(default_factory=dict)  # the files written, by name
+    outages: list[Outage] = field(default_factory=list)  # spans of refused connections (analysis.outages)
 
     @property
     def errors_over_limit(self) -> bool:
@@ -110,6 +112,7 @@ def _summary(outcome: Outcome) -> dict:
         "output_tokens": int(ok["output_tokens"].sum()) if len(ok) else 0,
         "steps": json.loads(outcome.table.to_json(orient="records")),  # NaN -> null: missing stays missing
         "diagnosis": outcome.diagnosis.to_dict(),
+        "outages": [o.to_dict() for o in outcome.outages],
         "integrity": outcome.integrity,
         "server_profile": run.get("server_profile"),
         "slo": outcome.slo,
@@ -135,7 +138,13 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
         table.to_csv(run_dir / STEPS_FILE, index=False)
     echo("\n" + format_table(table))
     diagnosis = diagnose(table)
-    lines = [*diagnosis.text, *worker_lines(run.get("workers") or [], run.get("started_at"))]
+    outages = find_outages(full, run.get("started_at"))
+    ended = now is None  # a run in progress has no end yet
+    lines = [
+        *diagnosis.text,
+        *outage_lines(outages, ended),
+        *worker_lines(run.get("workers") or [], run.get("started_at")),
+    ]
     echo(_section("Diagnosis", lines))
     gate = slo_gate(run_dir, full, run)  # the per-chunk lists are still here, for ITL objectives
     records = full[REQUEST_COLUMNS]  # the rest needs no per-chunk lists: most of a long run's data
@@ -162,6 +171,7 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
         slo=gate,
         ceiling=ceiling,
         errors=errors,
+        outages=outages,
     )
     outcome.summary = _summary(outcome)
     return outcome

@@ -473,7 +473,8 @@ def build_report(outcome: Outcome, compare: list[Path] | None = None) -> str:
     workers = run.get("workers") or []
     if workers:
         # The diagnosis's worker lines (analysis.diagnosis.worker_lines), as finish computed them.
-        parts.append(_workers_html(workers, outcome.diagnosis_lines[len(outcome.diagnosis.text) :]))
+        skip = len(outcome.diagnosis.text) + len(outcome.outages)  # the lines before the worker lines
+        parts.append(_workers_html(workers, outcome.diagnosis_lines[skip:]))
     parts.append(
         "<h2>Run</h2><table>"
         + "".join(

@@ -23,6 +23,7 @@ from geventhttpclient.url import URL
 from locust import User, task
 
 from ..analysis import glossary, servers
+from ..analysis.outages import next_backoff, refused
 from ..analysis.records import RequestRecord
 from ..analysis.sse import (
     CONNECTION_ERROR,
@@ -102,17 +103,21 @@ def error_message_from_body(body: bytes) -> str:
 
 
 class OpenAIStreamingUser(User):
-    """Closed loop: each user streams one completion after another, with no think time. Open loop (--rates): each
-    user waits for the next intended send time of its process's schedule, then streams one completion."""
+    """Closed loop: each user streams one completion after another, with no think time, but backs off after a
+    refused connection. Open loop (--rates): each user waits for the next intended send time of its process's
+    schedule, then streams one completion."""
 
     abstract = True
+    _backoff_s = 0.0  # closed loop: the wait before the next request, after refusals (analysis.outages)
 
     def wait_time(self) -> float:
-        """Closed loop: no wait. Open loop: block until the next intended send time has come (Locust calls this
-        with the user marked as waiting, so stopping the run stops a waiting user at once) and keep its slot."""
+        """Closed loop: no wait, or the backoff after a refusal. Open loop: block until the next intended send time
+        has come and keep its slot. Locust calls this with the user marked as waiting, so stopping the run stops a
+        waiting or backing-off user at once, and its sleep is this user's greenlet's alone."""
         if self.open_loop:
             self._slot = self.run.tracker.plan.next_slot()
-        return 0.0
+            return 0.0
+        return self._backoff_s
 
     def on_start(self) -> None:
         env = self.environment
@@ -192,9 +197,12 @@ class OpenAIStreamingUser(User):
         if self.open_loop:
             slot, self._slot = self._slot, None
             if slot is not None:  # None on the first run of the task, before wait_time took a slot
-                self.stream_completion(slot)
+                self.stream_completion(slot)  # never backed off: the schedule is the load the user asked for
             return
-        self.stream_completion()
+        record = self.stream_completion()
+        # A refused (or reset before answering) connection is retried after a doubling wait, not at once: against a
+        # dead server a tight loop sent 110,019 requests in 9 s, each a record. Any answer resets the wait.
+        self._backoff_s = next_backoff(self._backoff_s, refused(record.error_type, record.http_status))
 
     def stream_completion(self, slot: Slot | None = None) -> RequestRecord:
         """Send one streaming request, stamp every read, parse its lines, then record and report it. With a slot
