@@ -186,3 +186,46 @@ def test_the_end_of_a_run_says_it_in_the_console_summary_and_report(tmp_path):
     workers = page[page.index("<h2>Workers</h2>") :]
     assert "refused connections" not in workers[: workers.index("</ul>")]  # only the worker lines there
     assert outcome.errors_over_limit  # errors over --max-error-rate still fail the run
+
+
+def test_users_backing_off_from_a_refused_port_stop_at_once(tmp_path):
+    """In process, against a port nobody listens on: a few attempts a second, each a record, not a tight loop; and
+    a user in its 1 s backoff is stopped at once even with a stop timeout (it waits as Locust's waiting state)."""
+    import socket
+    import time
+
+    import gevent
+    from locust.env import Environment
+    from locust.event import Events
+    from vllm_loadtest.analysis.records import load_records
+    from vllm_loadtest.locustfiles import plugin
+    from vllm_loadtest.locustfiles.openai_user import OpenAIStreamingUser
+
+    from tests.helpers.inprocess import parse_options
+
+    class User(OpenAIStreamingUser):
+        pass
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    host = f"http://127.0.0.1:{s.getsockname()[1]}"
+    s.close()  # nothing listens there now
+    opts = parse_options("--host", host, "--run-dir", str(tmp_path), "--headless", "--model", "m")
+    env = Environment(user_classes=[User], events=Events(), parsed_options=opts, host=host)
+    env.stop_timeout = 30  # a user busy in its task would get this long to finish it
+    runner = env.create_local_runner()
+    stopped: list[float] = []  # when test_stop fired: the users are gone (registered first: before the results)
+    env.events.test_stop.add_listener(lambda **_kw: stopped.append(time.monotonic()))
+    plugin.register(env)
+    runner.start(2, spawn_rate=100)
+    # Both users reach the 1 s cap at 1.27 s and next try at 2.27 s: stopped at 2.4 s, most of that wait is left.
+    gevent.sleep(2.4)
+    began = time.monotonic()
+    runner.stop()
+    runner.quit()
+    stopping = stopped[0] - began
+    records = load_records(tmp_path)
+    assert (records["error_type"] == "connection_error").all() and records["http_status"].isna().all()
+    # 2 users x (8 attempts by 1.27 s, then one at 2.27 s): 18; a tight loop made thousands.
+    assert 2 * 7 <= len(records) <= 2 * (9 + 2), len(records)
+    assert stopping < 0.5, stopping  # not the rest of a 1 s backoff, nor the 30 s stop timeout
