@@ -106,14 +106,18 @@ def find_outages(records: pd.DataFrame, started_at: float | None = None) -> list
     errors = kept["error"].astype("string").fillna("") if "error" in kept.columns else None
     users = kept["users"] if "users" in kept.columns else None
     intended = kept["intended_start_time"] if "intended_start_time" in kept.columns else None
+    # Refusals in time order carry non-decreasing groups: each group is one contiguous run of `idx`, found in one
+    # pass (a run with many scattered blips has as many groups; none is scanned more than once).
+    idx = np.flatnonzero(is_refused)
+    groups, begins, counts = np.unique(group[idx], return_index=True, return_counts=True)
     out = []
-    for g in np.unique(group[is_refused]):
-        rows = np.flatnonzero(is_refused & (group == g))
+    for g, begin, count in zip(groups, begins, counts):
+        rows = idx[begin : begin + count]
         first, last = float(seen[rows[0]]), float(seen[rows[-1]])
         to_end = bool(g == last_group)
-        if len(rows) < OUTAGE_MIN_ATTEMPTS or (last - first < OUTAGE_MIN_S and not to_end):
+        if count < OUTAGE_MIN_ATTEMPTS or (last - first < OUTAGE_MIN_S and not to_end):
             continue
-        n_refused = len(rows) if errors is None else int(errors.iloc[rows].str.contains("refused", case=False).sum())
+        n_refused = int(count) if errors is None else int(errors.iloc[rows].str.contains("refused", case=False).sum())
         open_loop = intended is not None and bool(intended.iloc[rows].notna().any())
         peak = None if users is None or open_loop else users.iloc[rows].max()
         out.append(
@@ -121,7 +125,7 @@ def find_outages(records: pd.DataFrame, started_at: float | None = None) -> list
                 start_s=first - t0,
                 end_s=last - t0,
                 to_end=to_end,
-                attempts=len(rows),
+                attempts=int(count),
                 refused=n_refused,
                 users=None if peak is None or pd.isna(peak) else int(peak),
                 open_loop=open_loop,
