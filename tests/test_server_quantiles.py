@@ -39,7 +39,7 @@ def histogram(metric: str, values: np.ndarray, bounds: list[float]) -> list[tupl
         (metric + "_bucket", {**LAB, "le": "+Inf" if math.isinf(b) else str(b)}, float((values <= b).sum()))
         for b in bounds
     ]
-    return out + [(metric + "_count", LAB, float(values.size)), (metric + "_sum", LAB, float(values.sum()))]
+    return [*out, (metric + "_count", LAB, float(values.size)), (metric + "_sum", LAB, float(values.sum()))]
 
 
 def step_row(tmp_path, samples: list) -> dict:
