@@ -66,12 +66,12 @@ class Difference:
             return None
         return abs(self.relative) > self.half_width
 
-    def stated(self) -> str:
+    def stated(self, why: bool = True) -> str:
         """'+12 % ± 4 %', 'no significant difference (+3 % ± 9 %)' or '+5 %, cannot be judged (why)'."""
         if math.isnan(self.relative):
             return "not measured in both runs"
         if self.significant is None:
-            return f"{_percent(self.relative, 0)}, cannot be judged ({self.reason})"
+            return f"{_percent(self.relative, 0)}" + (f", cannot be judged ({self.reason})" if why else "")
         digits = 0 if self.half_width >= 0.01 else 1
         stated = f"{_percent(self.relative, digits)} ± {self.half_width * 100:.{digits}f} %"
         return stated if self.significant else f"no significant difference ({stated})"
@@ -91,6 +91,11 @@ class StepComparison:
     def line(self) -> str:
         if self.only_in is not None:
             return f"At {self.load_text}: only in {self.only_in}, not compared."
+        reasons = {d.reason for d in self.differences if d.significant is None and not math.isnan(d.relative)}
+        if len(reasons) == 1 and all(d.significant is None for d in self.differences):
+            # One reason for all: said once.
+            said = ", ".join(f"{d.label} {d.stated(why=False)}" for d in self.differences)
+            return f"At {self.load_text}: {said}: cannot be judged ({reasons.pop()})."
         return f"At {self.load_text}: " + "; ".join(d.text() for d in self.differences) + "."
 
 
@@ -115,10 +120,11 @@ class Comparison:
             "± its 95 % interval from both runs' intervals; significant when the difference exceeds it."
         ]
         for name in self.missing_intervals:
-            out.append(
-                f"{name}'s steps.csv has no confidence intervals (written before they existed): its differences "
-                f"cannot be judged; `python -m analysis report {name}` recomputes them from its records."
-            )
+            line = f"{name}'s steps.csv has no confidence intervals (a version before them wrote it): no difference "
+            line += "can be judged"
+            if name != self.this:
+                line += f"; `python -m analysis report {name}` recomputes its steps.csv, intervals included"
+            out.append(line + ".")
         out += [s.line() for s in self.steps]
         out.append(NOISE_NOTE)
         return out

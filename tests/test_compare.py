@@ -81,6 +81,9 @@ def test_older_runs_without_intervals_cannot_be_judged():
     tok = c.steps[0].differences[0]
     assert tok.significant is None and tok.relative == pytest.approx(0.2)
     assert tok.text() == "aggregate tok/s: +20 %, cannot be judged (no intervals in old)"
+    assert c.steps[0].line() == (
+        "At 1 users: aggregate tok/s +20 %, TTFT p95 -50 %, TPOT p95 -20 %: cannot be judged (no intervals in old)."
+    )
     lines = c.lines()
     assert any("old's steps.csv has no confidence intervals" in line for line in lines)
     assert "significant" not in " ".join(lines[1:-1]).replace("no intervals", "").replace(
