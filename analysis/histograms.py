@@ -42,6 +42,11 @@ class HistogramQuantile:
         return f"{out} {unit}".rstrip()
 
 
+def ms_text(seconds: float) -> str:
+    """Seconds as '17 ms', '0.017 ms': whole ms from 10 ms on, else two significant digits."""
+    return f"{_number(seconds * 1000)} ms"
+
+
 def _number(x: float) -> str:
     """Whole units from 10 on, else two significant digits: a bound of 0.034 ms must not print as 0."""
     return f"{x:.0f}" if abs(x) >= 10 else f"{x:.2g}"
