@@ -144,9 +144,10 @@ def test_formats():
 
 @pytest.mark.unit
 def test_every_declaration_is_complete():
-    sections = {g.STEP, g.SERVER, g.GENERATOR, g.OPEN_LOOP, g.REQUESTS, g.LIVE}
+    sections = {g.STEP, g.SERVER, g.GENERATOR, g.OPEN_LOOP, g.SERVER_BOUNDS, g.REQUESTS, g.LIVE}
     for c in g.COLUMNS.values():
         assert c.section in sections and c.unit and c.meaning and "\n" not in c.meaning, c.name
+        assert c.bounds is None or all(g.STEP_TABLE[n].section == g.SERVER_BOUNDS for n in c.bounds), c.name
         if c.section != g.REQUESTS:
             assert c.label, f"{c.name} needs a label (the report's and the web UI's title)"
         assert c.metric is None or c.metric in g.GLOSSARY, c.name
