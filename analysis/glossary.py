@@ -800,7 +800,12 @@ class Section:
 
 SECTIONS = {
     STEP: Section(STEP, "Batching curve (latencies in ms; TTFT/TPOT/ITL exact percentiles of raw records)"),
-    SERVER: Section(SERVER, "Server (vLLM /metrics over each step's measured window; times in ms)", ("step", "users")),
+    SERVER: Section(
+        SERVER,
+        "Server (vLLM /metrics over each step's measured window; times in ms; a p99 its histogram buckets cannot pin "
+        "down shows the bounds they allow, e.g. < 300)",
+        ("step", "users"),
+    ),
     GENERATOR: Section(
         GENERATOR,
         "Load generator (self-checks over each step's measured window; lag in ms; BOUND: lag p99 over "
