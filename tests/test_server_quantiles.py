@@ -22,6 +22,7 @@ from vllm_loadtest.analysis.server_metrics import (
     scrape_line,
     step_server_table,
 )
+from vllm_loadtest.analysis.steps import format_table
 
 from tests.helpers.paths import FIXTURES
 
@@ -51,7 +52,9 @@ def step_row(tmp_path, samples: list) -> dict:
 
 
 def console_server_table(row: dict) -> str:
-    return "\n".join(g.console_table(pd.DataFrame([{**row, "users": 4}]), g.SERVER))
+    """The console's server table of that step, as the end of a run prints it (analysis.steps.format_table)."""
+    text = format_table(pd.DataFrame([{**row, "users": 4, "kv_cache_usage_max": 0.5}]))
+    return text.split(g.SECTIONS[g.SERVER].title, 1)[1].split("\n\n", 1)[0]
 
 
 def test_the_issues_queue_time_is_its_bounds_not_a_median_of_150_ms(tmp_path):
