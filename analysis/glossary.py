@@ -111,7 +111,7 @@ _METRICS += [
         "tighter (Markov's inequality: a non-negative time's q-quantile is at most mean / (1 - q)). The p50/p99 "
         "value is the interpolation inside [low, high] only when that range is narrow ((high - low) / high <= "
         f"{NARROW_BUCKET}), else missing: interpolating inside a wide bucket (the first one above all) describes "
-        'the bucket, not the requests; the bounds columns say what is known ("< 300 ms", "300-500 ms").',
+        'the bucket, not the requests; the bounds columns say what is known ("< 300 ms", "100-250 ms").',
     ),
     Metric(
         "server_queue_time",
@@ -409,7 +409,7 @@ class Column:
 
     def cell(self, row: dict, web: bool = False) -> str:
         """This column's value in a row as text; a histogram quantile without a value shows its bounds instead
-        ("< 300", "300-500", "> 10000" in ms)."""
+        ("< 300", "100-250", "> 10000" in ms)."""
         if self.bounds is not None:
             low, high = (row.get(name) for name in self.bounds)
             if not _missing(low):
@@ -884,7 +884,7 @@ _DOCS_SECTIONS = [
      "linear interpolation inside it is a guess (in the first bucket, half its width whatever the data were). For a "
      "non-negative time the q-quantile is also at most mean / (1 - q) (Markov's inequality), with the exact mean "
      "from _sum / _count: a median is at most twice the mean. The server columns p50/p99 keep a value only when "
-     "these bounds are narrow; the console's server table shows the bounds otherwise (\"< 300\", \"300-500\", "
+     "these bounds are narrow; the console's server table shows the bounds otherwise (\"< 300\", \"100-250\", "
      "\"> 10000\" in ms). Empty without scrapes or observations."),
     (REQUESTS, "requests.parquet", "One row per request, written as each finishes (`analysis/records.py`)."),
     (LIVE, "The web UI's LLM tab only", "Written nowhere: the row's scope and the server's latest gauges."),

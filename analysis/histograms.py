@@ -27,7 +27,7 @@ class HistogramQuantile:
     value: float
 
     def text(self, scale: float = 1000.0, unit: str = "ms") -> str:
-        """'812 ms', '< 300 ms', '300-500 ms' or '> 60000 ms': what is known, at the precision known (unit "":
+        """'812 ms', '< 300 ms', '100-250 ms' or '> 60000 ms': what is known, at the precision known (unit "":
         the bare numbers, for a table whose title gives the unit)."""
         if math.isnan(self.low):
             return "-"
