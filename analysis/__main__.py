@@ -4,6 +4,7 @@ python -m analysis steps RUN_DIR                         # requests.parquet, met
 python -m analysis report RUN_DIR [--compare RUN_DIR ...]  # the end of the run again (analysis.finish): the
                                                            # console text of the live run, steps.csv,
                                                            # summary.json, summary.md, report.html
+                                                           # (--compare: a Comparison per other run)
 python -m analysis glossary                                # the metric glossary as a Markdown table
 python -m analysis glossary --docs [--write docs/metrics.md]  # every column's page (stdout, or written there)
 """
@@ -45,7 +46,13 @@ def main(argv: list[str] | None = None) -> int:
         "report", help="finish the run again: the tables and verdicts, summary.json, summary.md and report.html"
     )
     report.add_argument("run_dir", type=Path)
-    report.add_argument("--compare", type=Path, nargs="*", default=[], help="other run directories to overlay")
+    report.add_argument(
+        "--compare",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="other run directories to overlay and compare step by step (differences against their noise)",
+    )
     gloss = sub.add_parser("glossary", help="print the metric glossary as a Markdown table")
     gloss.add_argument("--docs", action="store_true", help="print docs/metrics.md instead: every column of every table")
     gloss.add_argument(

@@ -10,12 +10,18 @@ import pandas as pd
 
 from . import schedule
 from .generator import advice, flagged, reasons
+from .histograms import from_columns, ms_text
 
 KNEE_GAIN = 0.10  # a doubling of users that adds less aggregate tok/s than this is past the knee
 # KV-cache usage at or above this counts as full. Not lower: with 32 requests running against a cap of
 # max_num_seqs = 32, a 128-block cache measured 91 % while 32 more waited; a 1-block prompt still fitted, so the
 # batch-size cap, not the cache, held them back.
 KV_FULL = 0.95
+
+# The TTFT gap is worth a sentence when at least this share of the client's TTFT is outside vLLM's engine clock,
+# and at least GAP_MIN_S: below that it is the HTTP round trip of a fast local server.
+GAP_SHARE = 0.5
+GAP_MIN_S = 0.010
 
 KV_CACHE = "KV cache"
 COMPUTE = "compute"
@@ -73,7 +79,51 @@ def _load(row: pd.Series) -> str:
     return f"{int(row['users'])} users"
 
 
+def _present(value: object) -> bool:
+    return value is not None and not pd.isna(value)
+
+
+def queue_sentence(row: pd.Series) -> str:
+    """vLLM's queue time at a step in numbers that hold: the exact mean (_sum / _count) and the p99 as its bucket
+    bounds (or its value when they pin it down); '' without the series."""
+    mean = row.get("server_queue_time_mean_s")
+    if not _present(mean):
+        return ""
+    p99 = from_columns(
+        0.99, row.get("server_queue_time_p99_low_s"), row.get("server_queue_time_p99_high_s"),
+        row.get("server_queue_time_p99_s"),
+    )  # fmt: skip
+    tail = f", p99 {p99.text()}" if p99.text() != "-" else ""
+    return f"In vLLM's queue requests waited {ms_text(float(mean))} on average{tail}."
+
+
+def gap_sentence(row: pd.Series) -> str:
+    """The TTFT gap, when most of the client's TTFT is outside vLLM's engine clock: means only (both exact, over the
+    same requests); '' otherwise."""
+    gap, server = row.get("ttft_gap_mean_s"), row.get("server_ttft_mean_s")
+    if not (_present(gap) and _present(server)):
+        return ""
+    client = float(gap) + float(server)
+    if not client > 0 or gap < GAP_MIN_S or gap < GAP_SHARE * client:
+        return ""
+    return (
+        f"{gap / client:.0%} of the TTFT is outside vLLM's engine: {ms_text(client)} on average at the client "
+        f"against vLLM's own {ms_text(float(server))} for the same requests (HTTP, tokenization, detokenization, "
+        "streaming, network)."
+    )
+
+
 def _binding_line(row: pd.Series, resource: str) -> str:
+    """The binding resource's sentence, then what the server's own clocks add (queue time, TTFT gap)."""
+    line = _resource_line(row, resource)
+    if resource in (KV_CACHE, BATCH_SLOTS):
+        line = " ".join(s for s in (line, queue_sentence(row)) if s)
+    if resource in (KV_CACHE, BATCH_SLOTS, COMPUTE):
+        line = " ".join(s for s in (line, gap_sentence(row)) if s)
+    return line
+
+
+def _resource_line(row: pd.Series, resource: str) -> str:
     users = _load(row)
     if resource == LOAD_GENERATOR:
         return (

@@ -21,6 +21,7 @@ import pandas as pd
 
 from . import __version__ as SUITE_VERSION
 from . import servers
+from .compare import Comparison, compare_runs
 from .diagnosis import Diagnosis, diagnose, worker_lines
 from .integrity import integrity
 from .live import close_open_steps
@@ -64,6 +65,7 @@ class Outcome:
     console: str = ""  # what the end of the run prints
     files: dict[str, Path] = field(default_factory=dict)  # the files written, by name
     outages: list[Outage] = field(default_factory=list)  # spans of refused connections (analysis.outages)
+    comparisons: list[Comparison] = field(default_factory=list)  # --compare: this run against each other one
 
     @property
     def errors_over_limit(self) -> bool:
@@ -195,6 +197,9 @@ def finish_run(
             echo(text)
 
     outcome = _compute(run_dir, write=True, echo=say)
+    outcome.comparisons = _comparisons(outcome, compare or [])
+    for comparison in outcome.comparisons:
+        say(_section("Comparison", comparison.lines()))
     files = {STEPS_FILE: run_dir / STEPS_FILE}
     files[SUMMARY_MD_FILE] = write_summary_md(run_dir, outcome.table, outcome.slo, outcome.diagnosis_lines, outcome.run)
     files[SUMMARY_FILE] = run_dir / SUMMARY_FILE
@@ -209,6 +214,18 @@ def finish_run(
     outcome.files = files
     outcome.console = "\n".join(console)
     return outcome
+
+
+def _comparisons(outcome: Outcome, others: list[Path]) -> list[Comparison]:
+    """This run's steps against each other run's steps.csv (analysis.compare)."""
+    out = []
+    for other in map(Path, others):
+        # Two runs of the same name (reports/a/run, reports/b/run) are told apart by their paths.
+        this_name, other_name = outcome.run_dir.name, other.name
+        if this_name == other_name:
+            this_name, other_name = str(outcome.run_dir), str(other)
+        out.append(compare_runs(outcome.table, pd.read_csv(other / STEPS_FILE), this_name, other_name))
+    return out
 
 
 def compute_so_far(run_dir: Path, now: float | None = None) -> Outcome:

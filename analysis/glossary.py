@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from .histograms import NARROW_BUCKET, from_columns
 from .thresholds import CPU_BOUND, LAG_BOUND_S, LAG_CEILING_S, LAG_FLOOR_S, LAG_SHARE, PROBE_INTERVAL_S
 
 
@@ -105,21 +106,27 @@ _METRICS += [
         "server_ttft",
         "s",
         "vLLM's own TTFT (vllm:time_to_first_token_seconds) for the requests it observed in a step's window: mean = "
-        "increase of _sum / increase of _count; p50 and p99 interpolated inside the histogram's buckets (as "
-        "Prometheus' histogram_quantile), so only as fine as its bucket bounds.",
+        "increase of _sum / increase of _count (exact); a quantile q (p50, p99) is only known to lie in the bucket "
+        "where the cumulative count crosses q * count, [low, high], high lowered to mean / (1 - q) when that is "
+        "tighter (Markov's inequality: a non-negative time's q-quantile is at most mean / (1 - q)). The p50/p99 "
+        "value is the interpolation inside [low, high] only when that range is narrow ((high - low) / high <= "
+        f"{NARROW_BUCKET}), else missing: interpolating inside a wide bucket (the first one above all) describes "
+        'the bucket, not the requests; the bounds columns say what is known ("< 300 ms", "100-250 ms").',
     ),
     Metric(
         "server_queue_time",
         "s",
         "Time requests spent waiting in vLLM's queue before their first scheduling (vllm:request_queue_time_seconds); "
-        "mean, p50 and p99 per step as for server_ttft.",
+        "mean (exact), p50 and p99 (their bucket bounds, a value only when they are narrow) per step as for "
+        "server_ttft.",
     ),
     Metric(
         "ttft_gap_mean",
         "s",
         "Client-minus-server TTFT over the same requests: the mean ttft_s of the requests whose first token "
         "arrived between the two scrapes that bound a step's server_ttft, minus server_ttft's mean; the time "
-        "outside vLLM's engine clock (HTTP, request processing, detokenization, streaming, network, client).",
+        "outside vLLM's engine clock (HTTP, request processing, detokenization, streaming, network, client). "
+        "Means only: both are exact, unlike the server's histogram quantiles.",
     ),
 ]
 
@@ -328,7 +335,8 @@ def _nan(value: float | None) -> float:
 STEP = "step"  # the core step table (steps.csv, the "Batching curve" console table)
 SERVER = "server"  # steps.csv: vLLM's /metrics over each step's window
 GENERATOR = "generator"  # steps.csv: the load generator's self-checks
-OPEN_LOOP = "open_loop"  # steps.csv: open-loop (--rates) columns, last
+OPEN_LOOP = "open_loop"  # steps.csv: open-loop (--rates) columns
+SERVER_BOUNDS = "server_bounds"  # steps.csv: the bounds of the server's histogram quantiles, after open loop
 REQUESTS = "requests"  # requests.parquet: one row per request
 LIVE = "live"  # the web UI's LLM tab only: the server's latest gauges and the row's scope (written nowhere)
 
@@ -376,6 +384,8 @@ class Column:
     flag: str | None = None  # a verdict: the word shown when it is true (BOUND, BEHIND)
     metric: str | None = None  # the GLOSSARY metric it is a statistic of
     live: bool = False  # a request column the live view keeps (the core step columns read it)
+    # A histogram quantile: the (low, high) columns of the bounds it lies between; shown as what they allow
+    bounds: tuple[str, str] | None = None
     compute: Callable[[StepData], object] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -396,6 +406,15 @@ class Column:
     def show(self, value: object, web: bool = False) -> str:
         """The value as text in this column's format (the web UI's when `web`)."""
         return format_value(value, (self.web_fmt or self.fmt) if web else self.fmt, self.flag)
+
+    def cell(self, row: dict, web: bool = False) -> str:
+        """This column's value in a row as text; a histogram quantile without a value shows its bounds instead
+        ("< 300", "100-250", "> 10000" in ms)."""
+        if self.bounds is not None:
+            low, high = (row.get(name) for name in self.bounds)
+            if not _missing(low):
+                return from_columns(math.nan, low, high, row.get(self.name)).text(unit="")
+        return self.show(row.get(self.name), web)
 
     @property
     def key(self) -> str:
@@ -506,7 +525,43 @@ _STEP_COLUMNS = [
 ]  # fmt: skip
 
 _WINDOW = "over the step's measured window"
-_HISTOGRAM = "interpolated inside the histogram's buckets between the scrapes that bound the window"
+_HISTOGRAM = "between the scrapes that bound the window"
+_QUANTILES = ((50, "median"), (99, "99th percentile"))
+
+
+def _server_quantiles(prefix: str, series: str, label: str, what: str, headers: tuple) -> list[Column]:
+    """A server histogram's p50 and p99 columns: a value only where the buckets and the mean pin it down (their
+    bounds, in the SERVER_BOUNDS section, say what is known otherwise)."""
+    return [
+        Column(f"{prefix}_p{q}_s", SERVER, "s", f"{what}, {words} {_WINDOW}, when its histogram pins it down; "
+               "else missing (see its _low_s / _high_s bounds).",
+               f"histogram_quantile({q / 100:.2f}) of {series} {_HISTOGRAM}, interpolated inside its bucket's bounds "
+               f"[{prefix}_p{q}_low_s, {prefix}_p{q}_high_s] when (high - low) / high <= {NARROW_BUCKET}; else "
+               "missing", label=f"{label} p{q}", header=header, fmt="ms1", metric=prefix,
+               bounds=(f"{prefix}_p{q}_low_s", f"{prefix}_p{q}_high_s"))
+        for (q, words), header in zip(_QUANTILES, headers)
+    ]  # fmt: skip
+
+
+def _server_bounds(prefix: str, series: str, label: str) -> list[Column]:
+    """The bounds a server histogram's p50 and p99 lie between: the bucket's edges, the upper one narrowed by
+    Markov's inequality with the exact mean."""
+    out = []
+    for q, words in _QUANTILES:
+        out += [
+            Column(f"{prefix}_p{q}_low_s", SERVER_BOUNDS, "s", f"Lower bound of {prefix}'s {words} {_WINDOW}: the "
+                   "lower edge of the histogram bucket it lies in (0 in the first bucket).",
+                   f"the largest bucket bound of {series} whose cumulative count is below {q / 100:.2f} * count, "
+                   f"{_HISTOGRAM}", label=f"{label} p{q} low", fmt="ms1", metric=prefix),
+            Column(f"{prefix}_p{q}_high_s", SERVER_BOUNDS, "s", f"Upper bound of {prefix}'s {words} {_WINDOW}: "
+                   "the upper edge of its bucket, or the mean's bound when tighter; inf (null in summary.json) in "
+                   "the +Inf bucket.", f"min(upper edge of the bucket where the cumulative count of {series} "
+                   f"reaches {q / 100:.2f} * count, {prefix}_mean_s / (1 - {q / 100:.2f})) (Markov's inequality; "
+                   "the mean's bound is left out when it falls below the bucket: scrape skew)",
+                   label=f"{label} p{q} high", fmt="ms1", metric=prefix),
+        ]  # fmt: skip
+    return out
+
 
 # steps.csv, server: vLLM's /metrics over each step's window (analysis/server_metrics.py).
 _SERVER_COLUMNS = [
@@ -540,21 +595,13 @@ _SERVER_COLUMNS = [
     Column("server_ttft_mean_s", SERVER, "s", f"vLLM's own mean TTFT {_WINDOW}.",
            "increase of vllm:time_to_first_token_seconds_sum / increase of its _count", label="Server TTFT mean",
            header="server TTFT mean", fmt="ms1", metric="server_ttft"),
-    Column("server_ttft_p50_s", SERVER, "s", f"vLLM's own TTFT, median {_WINDOW}.",
-           f"histogram_quantile(0.50) of vllm:time_to_first_token_seconds, {_HISTOGRAM}", label="Server TTFT p50",
-           fmt="ms1", metric="server_ttft"),
-    Column("server_ttft_p99_s", SERVER, "s", f"vLLM's own TTFT, 99th percentile {_WINDOW}.",
-           f"histogram_quantile(0.99) of vllm:time_to_first_token_seconds, {_HISTOGRAM}", label="Server TTFT p99",
-           header="p99", fmt="ms1", metric="server_ttft"),
+    *_server_quantiles("server_ttft", "vllm:time_to_first_token_seconds", "Server TTFT", "vLLM's own TTFT",
+                       (None, "p99")),
     Column("server_queue_time_mean_s", SERVER, "s", f"Mean time requests waited in vLLM's queue {_WINDOW}.",
            "increase of vllm:request_queue_time_seconds_sum / increase of its _count", label="Queue time mean",
            header="queue mean", fmt="ms1", metric="server_queue_time"),
-    Column("server_queue_time_p50_s", SERVER, "s", f"Time requests waited in vLLM's queue, median {_WINDOW}.",
-           f"histogram_quantile(0.50) of vllm:request_queue_time_seconds, {_HISTOGRAM}", label="Queue time p50",
-           fmt="ms1", metric="server_queue_time"),
-    Column("server_queue_time_p99_s", SERVER, "s", f"Time requests waited in vLLM's queue, 99th percentile "
-           f"{_WINDOW}.", f"histogram_quantile(0.99) of vllm:request_queue_time_seconds, {_HISTOGRAM}",
-           label="Queue time p99", fmt="ms1", metric="server_queue_time"),
+    *_server_quantiles("server_queue_time", "vllm:request_queue_time_seconds", "Queue time",
+                       "Time requests waited in vLLM's queue", (None, "p99")),
     Column("ttft_gap_mean_s", SERVER, "s", "Client-minus-server TTFT over the same requests: the time outside "
            "vLLM's engine clock.", "mean ttft_s of the requests whose first token arrived between the two scrapes "
            "- server_ttft_mean_s", label="TTFT gap", header="TTFT gap", fmt="ms1", metric="ttft_gap_mean"),
@@ -623,6 +670,13 @@ _OPEN_LOOP_COLUMNS = [
            fmt="flag", flag="BEHIND", metric="schedule_behind"),
 ]  # fmt: skip
 
+# steps.csv, server bounds: what vLLM's histograms say of their p50 and p99 (analysis/server_metrics.py and
+# analysis/histograms.py), after the open-loop columns, since steps.csv only gains columns at its end.
+_SERVER_BOUND_COLUMNS = [
+    *_server_bounds("server_ttft", "vllm:time_to_first_token_seconds", "Server TTFT"),
+    *_server_bounds("server_queue_time", "vllm:request_queue_time_seconds", "Queue time"),
+]
+
 # requests.parquet: one row per request, in analysis/records.py SCHEMA's order.
 _REQUEST_COLUMNS = [
     Column("request_id", REQUESTS, "text", "Unique id of the request, given by the client.", live=True),
@@ -685,12 +739,13 @@ COLUMNS: dict[tuple[str, str], Column] = {
     + _SERVER_COLUMNS
     + _GENERATOR_COLUMNS
     + _OPEN_LOOP_COLUMNS
+    + _SERVER_BOUND_COLUMNS
     + _REQUEST_COLUMNS
     + _LIVE_COLUMNS
 }
 # One column per name in the step table (steps.csv and the web UI's row): the requests' columns may share a name.
 STEP_TABLE: dict[str, Column] = {
-    c.name: c for c in COLUMNS.values() if c.section in (STEP, SERVER, GENERATOR, OPEN_LOOP, LIVE)
+    c.name: c for c in COLUMNS.values() if c.section in (STEP, SERVER, GENERATOR, OPEN_LOOP, SERVER_BOUNDS, LIVE)
 }
 
 # The web UI's LLM tab, in the order shown.
@@ -745,7 +800,12 @@ class Section:
 
 SECTIONS = {
     STEP: Section(STEP, "Batching curve (latencies in ms; TTFT/TPOT/ITL exact percentiles of raw records)"),
-    SERVER: Section(SERVER, "Server (vLLM /metrics over each step's measured window; times in ms)", ("step", "users")),
+    SERVER: Section(
+        SERVER,
+        "Server (vLLM /metrics over each step's measured window; times in ms; a p99 its histogram buckets cannot pin "
+        "down shows the bounds they allow, e.g. < 300)",
+        ("step", "users"),
+    ),
     GENERATOR: Section(
         GENERATOR,
         "Load generator (self-checks over each step's measured window; lag in ms; BOUND: lag p99 over "
@@ -794,7 +854,7 @@ def console_rows(table: pd.DataFrame, section: str) -> list[list[str]]:
     shown = SECTIONS[section].shown()
     rows = [[header for _, header in shown]]
     for r in table.to_dict(orient="records"):
-        rows.append([c.show(r.get(c.name)) for c, _ in shown])
+        rows.append([c.cell(r) for c, _ in shown])
     return rows
 
 
@@ -818,6 +878,14 @@ _DOCS_SECTIONS = [
      "step's measured window (`analysis/generator.py`)."),
     (OPEN_LOOP, "steps.csv: open loop", "Open-loop runs (`--rates`), last in steps.csv; empty in a closed loop but "
      "achieved_rps (`analysis/schedule.py`)."),
+    (SERVER_BOUNDS, "steps.csv: server histogram bounds", "What vLLM's histograms say of the server's p50 and "
+     "p99 (`analysis/histograms.py`), after the open-loop columns: the bounds each quantile lies between. A "
+     "histogram only counts observations between bucket bounds, so a quantile is known to lie in one bucket; "
+     "linear interpolation inside it is a guess (in the first bucket, half its width whatever the data were). For a "
+     "non-negative time the q-quantile is also at most mean / (1 - q) (Markov's inequality), with the exact mean "
+     "from _sum / _count: a median is at most twice the mean. The server columns p50/p99 keep a value only when "
+     "these bounds are narrow; the console's server table shows the bounds otherwise (\"< 300\", \"100-250\", "
+     "\"> 10000\" in ms). Empty without scrapes or observations."),
     (REQUESTS, "requests.parquet", "One row per request, written as each finishes (`analysis/records.py`)."),
     (LIVE, "The web UI's LLM tab only", "Written nowhere: the row's scope and the server's latest gauges."),
 ]  # fmt: skip

@@ -27,16 +27,44 @@ class HistogramQuantile:
     value: float
 
     def text(self, scale: float = 1000.0, unit: str = "ms") -> str:
-        """'812 ms', '< 300 ms', '300-500 ms' or '> 60000 ms': what is known, at the precision known."""
+        """'812 ms', '< 300 ms', '100-250 ms' or '> 60000 ms': what is known, at the precision known (unit "":
+        the bare numbers, for a table whose title gives the unit)."""
         if math.isnan(self.low):
             return "-"
         if not math.isnan(self.value):
-            return f"{self.value * scale:.0f} {unit}"
-        if math.isinf(self.high):
-            return f"> {self.low * scale:.0f} {unit}"
-        if self.low <= 0:
-            return f"< {self.high * scale:.0f} {unit}"
-        return f"{self.low * scale:.0f}-{self.high * scale:.0f} {unit}"
+            out = _number(self.value * scale)
+        elif math.isinf(self.high):
+            out = f"> {_number(self.low * scale)}"
+        elif self.low <= 0:
+            out = f"< {_number(self.high * scale)}"
+        else:
+            out = f"{_number(self.low * scale)}-{_number(self.high * scale)}"
+        return f"{out} {unit}".rstrip()
+
+
+def ms_text(seconds: float) -> str:
+    """Seconds as '17 ms', '0.017 ms': whole ms from 10 ms on, else two significant digits."""
+    return f"{_number(seconds * 1000)} ms"
+
+
+def _number(x: float) -> str:
+    """Whole units from 10 on, else two significant digits: a bound of 0.034 ms must not print as 0."""
+    return f"{x:.0f}" if abs(x) >= 10 else f"{x:.2g}"
+
+
+def from_columns(q: float, low: object, high: object, value: object = math.nan) -> HistogramQuantile:
+    """A quantile as a table holds it (steps.csv's *_low_s, *_high_s and the value column); None/NaN: missing."""
+
+    def num(v: object) -> float:
+        try:
+            return math.nan if v is None else float(v)
+        except (TypeError, ValueError):
+            return math.nan
+
+    lo, hi = num(low), num(high)
+    if math.isnan(lo):
+        return MISSING
+    return HistogramQuantile(q, lo, math.inf if math.isnan(hi) else hi, num(value))
 
 
 MISSING = HistogramQuantile(math.nan, math.nan, math.nan, math.nan)
@@ -58,7 +86,7 @@ def quantile_bounds(q: float, buckets: dict[float, float], mean: float | None = 
             low, high = lower_bound, b
             if mean is not None and not math.isnan(mean) and q < 1:
                 markov = mean / (1 - q)
-                if low <= markov < high:  # a mean that contradicts the buckets (scrape skew) is not trusted
+                if low < markov < high:  # a mean that contradicts the buckets (scrape skew) is not trusted
                     high = markov
             value = math.nan
             if not math.isinf(high) and high > 0 and (high - low) / high <= NARROW_BUCKET:

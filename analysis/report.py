@@ -18,6 +18,7 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from . import __version__ as SUITE_VERSION
+from .compare import METRICS as COMPARED
 from .diagnosis import utc
 from .generator import ADVICE, CPU_BOUND, LAG_BOUND_S, bound_steps, flagged
 from .glossary import GLOSSARY, STEP_TABLE, Column, format_value
@@ -29,6 +30,7 @@ from .server_metrics import KV_CACHE, RUNNING, WAITING, ServerSeries, server_inf
 from .sse import CUT_OFF
 
 if TYPE_CHECKING:
+    from .compare import Comparison
     from .finish import Outcome
 
 __all__ = ["REPORT_FILE", "SUMMARY_FILE", "build_report", "cdf_points"]
@@ -372,6 +374,34 @@ def _table_html(table: pd.DataFrame) -> str:
     )
 
 
+def _compare_html(comparisons: list[Comparison]) -> str:
+    """--compare: per step, each difference and whether it exceeds the noise, as analysis.compare states it."""
+    out = []
+    for c in comparisons:
+        lines = c.lines()
+        out.append(f"<h2>Comparison: {html.escape(c.this)} against {html.escape(c.other)}</h2>")
+        if c.unmatched is not None:
+            out.append(f"<p>{html.escape(lines[0])}</p>")
+            continue
+        notes = lines[: 1 + len(c.missing_intervals)]
+        out.append("".join(f"<p>{html.escape(t)}</p>" for t in notes))
+        labels = [label for _, label in COMPARED]
+        head = "<tr><th>load</th>" + "".join(f"<th>{html.escape(x)}</th>" for x in labels) + "</tr>"
+        rows = []
+        for s in c.steps:
+            if s.only_in is not None:
+                cells = f"<td colspan='{len(labels)}'>only in {html.escape(s.only_in)}, not compared</td>"
+            else:
+                # A significant difference in bold: the cells a reader acts on.
+                cells = "".join(
+                    ("<td style='font-weight:bold'>" if d.significant else "<td>") + f"{html.escape(d.stated())}</td>"
+                    for d in s.differences
+                )
+            rows.append(f"<tr><th>{html.escape(s.load_text)}</th>{cells}</tr>")
+        out.append(f"<table class='compare'>{head}{''.join(rows)}</table><p>{html.escape(lines[-1])}</p>")
+    return "".join(out)
+
+
 def _workers_html(workers: list[dict], lines: list[str]) -> str:
     head = "<tr><th>worker</th><th>Locust id</th><th>connected</th><th>missing since</th><th>records received</th>"
     head += "<th>records reported</th></tr>"
@@ -446,6 +476,7 @@ def build_report(outcome: Outcome, compare: list[Path] | None = None) -> str:
         _slo_html(outcome.slo),
         _ceiling_html(outcome.ceiling),
         _workload_html(run, table),
+        _compare_html(outcome.comparisons),
     ]
     parts += [f.to_html(full_html=False, include_plotlyjs=False) for f in figures]
     parts += ["<h2>Per-step table</h2>", _table_html(table)]

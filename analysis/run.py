@@ -12,7 +12,7 @@ import pandas as pd
 from .generator import merge_generator, step_generator_table
 from .records import merge_records, single_model
 from .schedule import OPEN_LOOP_COLUMNS
-from .server_metrics import SCRAPES_FILE, load_metrics, merge_scrapes, step_server_table
+from .server_metrics import SCRAPES_FILE, SERVER_BOUND_COLUMNS, load_metrics, merge_scrapes, step_server_table
 from .sse import CUT_OFF
 from .steps import step_table, timeline_from_records
 
@@ -53,8 +53,10 @@ def compute_table(
     if not timeline:
         timeline = timeline_from_records(records)
     table = table.merge(step_generator_table(generator, timeline), on="step", how="left")
-    # The open-loop columns come last, after every column of earlier versions: steps.csv only gains columns.
-    return table[[c for c in table.columns if c not in OPEN_LOOP_COLUMNS] + OPEN_LOOP_COLUMNS]
+    # The open-loop columns come after every column of earlier versions, then the server quantiles' bounds:
+    # steps.csv only gains columns at its end.
+    tail = OPEN_LOOP_COLUMNS + [c for c in SERVER_BOUND_COLUMNS if c in table.columns]
+    return table[[c for c in table.columns if c not in tail] + tail]
 
 
 def merged(run_dir: Path, write: bool = True) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import glossary
+from .histograms import quantile_bounds
 from .prometheus_text import ALIASES, SCRAPES_FILE, parse_samples, scrape_line  # noqa: F401 (re-exported)
 from .servers import CANONICAL
 
@@ -42,6 +43,7 @@ QUEUE_HISTOGRAM = CANONICAL["queue_histogram"]
 CACHE_CONFIG = CANONICAL["cache_config"]
 
 SERVER_COLUMNS = glossary.names(glossary.SERVER)  # steps.csv's server columns, in order
+SERVER_BOUND_COLUMNS = glossary.names(glossary.SERVER_BOUNDS)  # the quantiles' bounds, written after open loop
 
 SCHEMA = pa.schema(
     [("timestamp", pa.float64()), ("metric", pa.string()), ("labels", pa.string()), ("value", pa.float64())]
@@ -181,7 +183,8 @@ def counter_increase(series: pd.Series, start: float, end: float, first_scrape: 
 
 def histogram_quantile(q: float, buckets: dict[float, float]) -> float:
     """q-quantile (0-1) from cumulative bucket counts {upper bound: count}: linear interpolation inside the bucket
-    holding rank q * total, as Prometheus' histogram_quantile; NaN without observations or in the +Inf bucket."""
+    holding rank q * total, as Prometheus' histogram_quantile; NaN without observations or in the +Inf bucket.
+    Not reported: inside a wide bucket it describes the bucket, not the requests (histograms.quantile_bounds is)."""
     bounds = sorted(buckets)
     if not bounds or not math.isinf(bounds[-1]):
         return math.nan
@@ -221,7 +224,8 @@ def step_server_table(
     records: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Per step, over its measured window: gauges' mean and max over the scrapes inside it, counters' increase and
-    histogram quantiles from the bucket increases between the last scrape before it and the last inside it.
+    histogram quantiles from the bucket increases between the last scrape before it and the last inside it: the
+    bounds they lie between (histograms.quantile_bounds, with the exact mean), a value only when those are narrow.
 
     The TTFT gap compares like with like: the server's histogram counts a request when its first token is out, so
     the client's side is the requests (ok or not) whose first token arrived between the same two scrapes."""
@@ -238,7 +242,7 @@ def step_server_table(
         }
     for step in timeline:
         start, end = float(step["measure_start"]), float(step["end_time"] or np.inf)
-        row: dict = {"step": int(step["step"]), **{c: math.nan for c in SERVER_COLUMNS}}
+        row: dict = {"step": int(step["step"]), **{c: math.nan for c in SERVER_COLUMNS + SERVER_BOUND_COLUMNS}}
         if server is not None:
             for name, series in gauges.items():
                 inside = _window(series, start, end)
@@ -251,9 +255,11 @@ def step_server_table(
             )
             for prefix, metric in (("server_ttft", TTFT_HISTOGRAM), ("server_queue_time", QUEUE_HISTOGRAM)):
                 buckets, count, total = server.histogram_increase(metric, start, end)
-                row[f"{prefix}_mean_s"] = _ratio(total, count)
-                row[f"{prefix}_p50_s"] = histogram_quantile(0.50, buckets)
-                row[f"{prefix}_p99_s"] = histogram_quantile(0.99, buckets)
+                row[f"{prefix}_mean_s"] = mean = _ratio(total, count)
+                for q in (50, 99):
+                    known = quantile_bounds(q / 100, buckets, mean)
+                    row[f"{prefix}_p{q}_s"] = known.value
+                    row[f"{prefix}_p{q}_low_s"], row[f"{prefix}_p{q}_high_s"] = known.low, known.high
             span = server.scrape_span(TTFT_HISTOGRAM + "_count", start, end)
             if span is not None and records is not None and len(records):
                 # Every request whose first token arrived, ok or not: a stream cut off later still had its TTFT, and
@@ -264,7 +270,7 @@ def step_server_table(
                 if len(client) and not math.isnan(row["server_ttft_mean_s"]):
                     row["ttft_gap_mean_s"] = float(client.mean()) - row["server_ttft_mean_s"]
         rows.append(row)
-    return pd.DataFrame(rows, columns=["step", *SERVER_COLUMNS])
+    return pd.DataFrame(rows, columns=["step", *SERVER_COLUMNS, *SERVER_BOUND_COLUMNS])
 
 
 def server_info(metrics: pd.DataFrame | None) -> dict:

@@ -19,13 +19,13 @@ from vllm_loadtest.analysis.live import FIELDS
 from vllm_loadtest.analysis.records import SCHEMA, single_model
 from vllm_loadtest.analysis.report import REPORT_FILE, _table_html
 from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS, open_loop_columns
-from vllm_loadtest.analysis.server_metrics import SERVER_COLUMNS
+from vllm_loadtest.analysis.server_metrics import SERVER_BOUND_COLUMNS, SERVER_COLUMNS
 from vllm_loadtest.analysis.steps import STEP_COLUMNS, format_table
 
 from tests.conftest import ROOT, FakeServer
 from tests.test_headless import short_run
 
-STEP_SECTIONS = (g.STEP, g.SERVER, g.GENERATOR, g.OPEN_LOOP)
+STEP_SECTIONS = (g.STEP, g.SERVER, g.GENERATOR, g.OPEN_LOOP, g.SERVER_BOUNDS)
 
 
 def undeclared(written: list[str], sections: tuple[str, ...]) -> list[str]:
@@ -63,9 +63,11 @@ def test_every_column_a_real_run_writes_is_declared_in_the_glossary(real_run):
 def test_the_derived_lists_are_the_columns_written_in_order(real_run):
     run_dir, _ = real_run
     steps = pd.read_csv(run_dir / "steps.csv")
-    assert list(steps.columns) == STEP_COLUMNS + SERVER_COLUMNS + GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS
+    assert list(steps.columns) == (
+        STEP_COLUMNS + SERVER_COLUMNS + GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS + SERVER_BOUND_COLUMNS
+    )
     for section, derived in ((g.STEP, STEP_COLUMNS), (g.SERVER, SERVER_COLUMNS), (g.GENERATOR, GENERATOR_COLUMNS),
-                             (g.OPEN_LOOP, OPEN_LOOP_COLUMNS)):  # fmt: skip
+                             (g.OPEN_LOOP, OPEN_LOOP_COLUMNS), (g.SERVER_BOUNDS, SERVER_BOUND_COLUMNS)):  # fmt: skip
         assert derived == g.names(section)
     assert pq.read_schema(run_dir / "requests.parquet").names == g.names(g.REQUESTS) == SCHEMA.names
     # The columns computed in the modules are the declared ones, no more, no fewer.
@@ -142,9 +144,10 @@ def test_formats():
 
 @pytest.mark.unit
 def test_every_declaration_is_complete():
-    sections = {g.STEP, g.SERVER, g.GENERATOR, g.OPEN_LOOP, g.REQUESTS, g.LIVE}
+    sections = {g.STEP, g.SERVER, g.GENERATOR, g.OPEN_LOOP, g.SERVER_BOUNDS, g.REQUESTS, g.LIVE}
     for c in g.COLUMNS.values():
         assert c.section in sections and c.unit and c.meaning and "\n" not in c.meaning, c.name
+        assert c.bounds is None or all(g.STEP_TABLE[n].section == g.SERVER_BOUNDS for n in c.bounds), c.name
         if c.section != g.REQUESTS:
             assert c.label, f"{c.name} needs a label (the report's and the web UI's title)"
         assert c.metric is None or c.metric in g.GLOSSARY, c.name
