@@ -329,6 +329,7 @@ STEP = "step"  # the core step table (steps.csv, the "Batching curve" console ta
 SERVER = "server"  # steps.csv: vLLM's /metrics over each step's window
 GENERATOR = "generator"  # steps.csv: the load generator's self-checks
 OPEN_LOOP = "open_loop"  # steps.csv: open-loop (--rates) columns, last
+STEP_END = "step_end"  # steps.csv: why each step ended (--step-duration auto), after the open-loop columns
 REQUESTS = "requests"  # requests.parquet: one row per request
 LIVE = "live"  # the web UI's LLM tab only: the server's latest gauges and the row's scope (written nowhere)
 
@@ -623,6 +624,14 @@ _OPEN_LOOP_COLUMNS = [
            fmt="flag", flag="BEHIND", metric="schedule_behind"),
 ]  # fmt: skip
 
+# steps.csv, how each step ended (analysis/adaptive.py), after the open-loop columns.
+_STEP_END_COLUMNS = [
+    Column("end_reason", STEP_END, "text", "Why the step ended: ci_target (--step-duration auto: its aggregate tok/s "
+           "interval within --ci-target with enough TTFT samples), max_duration (it reached --max-step-duration "
+           "first: flagged), fixed (--step-duration elapsed), run_stopped (the run was stopped first).",
+           "run.json's timeline entry of the step", label="End reason", fmt="text"),
+]  # fmt: skip
+
 # requests.parquet: one row per request, in analysis/records.py SCHEMA's order.
 _REQUEST_COLUMNS = [
     Column("request_id", REQUESTS, "text", "Unique id of the request, given by the client.", live=True),
@@ -685,12 +694,13 @@ COLUMNS: dict[tuple[str, str], Column] = {
     + _SERVER_COLUMNS
     + _GENERATOR_COLUMNS
     + _OPEN_LOOP_COLUMNS
+    + _STEP_END_COLUMNS
     + _REQUEST_COLUMNS
     + _LIVE_COLUMNS
 }
 # One column per name in the step table (steps.csv and the web UI's row): the requests' columns may share a name.
 STEP_TABLE: dict[str, Column] = {
-    c.name: c for c in COLUMNS.values() if c.section in (STEP, SERVER, GENERATOR, OPEN_LOOP, LIVE)
+    c.name: c for c in COLUMNS.values() if c.section in (STEP, SERVER, GENERATOR, OPEN_LOOP, STEP_END, LIVE)
 }
 
 # The web UI's LLM tab, in the order shown.
@@ -818,6 +828,9 @@ _DOCS_SECTIONS = [
      "step's measured window (`analysis/generator.py`)."),
     (OPEN_LOOP, "steps.csv: open loop", "Open-loop runs (`--rates`), last in steps.csv; empty in a closed loop but "
      "achieved_rps (`analysis/schedule.py`)."),
+    (STEP_END, "steps.csv: how each step ended", "Why each step ended, last in steps.csv (`analysis/adaptive.py`): "
+     "with `--step-duration auto` a step runs until its aggregate tok/s interval is within `--ci-target` and its "
+     "TTFT p95 has enough samples, looked at only at fixed check points, or until `--max-step-duration`."),
     (REQUESTS, "requests.parquet", "One row per request, written as each finishes (`analysis/records.py`)."),
     (LIVE, "The web UI's LLM tab only", "Written nowhere: the row's scope and the server's latest gauges."),
 ]  # fmt: skip

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .adaptive import end_reasons
 from .generator import merge_generator, step_generator_table
 from .records import merge_records, single_model
 from .schedule import OPEN_LOOP_COLUMNS
@@ -54,7 +55,8 @@ def compute_table(
         timeline = timeline_from_records(records)
     table = table.merge(step_generator_table(generator, timeline), on="step", how="left")
     # The open-loop columns come last, after every column of earlier versions: steps.csv only gains columns.
-    return table[[c for c in table.columns if c not in OPEN_LOOP_COLUMNS] + OPEN_LOOP_COLUMNS]
+    table = table[[c for c in table.columns if c not in OPEN_LOOP_COLUMNS] + OPEN_LOOP_COLUMNS]
+    return table.assign(end_reason=end_reasons(table["step"].tolist(), timeline))  # then why each step ended
 
 
 def merged(run_dir: Path, write: bool = True) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:
