@@ -61,7 +61,7 @@ def test_before_the_first_check_point_the_interval_is_not_looked_at():
 
 def test_a_noisy_stream_runs_longer_and_still_ends_within_the_target():
     steady, _ = first_stop(*stream(300, rate=20, tokens=50))
-    d, t = first_stop(*stream(300, rate=20, tokens=50, noise=0.8, seed=0))
+    d, _t = first_stop(*stream(300, rate=20, tokens=50, noise=0.8, seed=0))
     assert d.reason == a.CI_TARGET and d.rel_half_width <= 0.05
     assert d.window_s > 3 * steady.window_s, (d, steady)
 
@@ -100,7 +100,7 @@ def test_stopping_at_check_points_keeps_the_intervals_honest():
     time (looking every poll and stopping at the first narrow interval would make it optimistic)."""
     true_rate, hits, runs = 20 * 50 * math.exp(0.6**2 / 2), 0, 200  # the lognormal's mean: exp(sigma^2 / 2)
     for seed in range(runs):
-        d, t = first_stop(*stream(400, rate=20, tokens=50, noise=0.6, seed=seed), target=0.03)
+        d, _t = first_stop(*stream(400, rate=20, tokens=50, noise=0.6, seed=seed), target=0.03)
         hits += abs(d.value - true_rate) <= d.rel_half_width * d.value
     assert hits / runs >= 0.9, hits / runs
 
@@ -191,8 +191,8 @@ def _run(step_duration: str, reasons: list[str]) -> tuple[dict, pd.DataFrame, pd
     timeline, records, t = [], [], 1000.0
     for step, reason in enumerate(reasons):
         length = 20.0 if reason == a.MAX_DURATION else 8.0
-        timeline.append({"step": step, "users": 2**step, "start_time": t, "measure_start": t + 1, "end_time": t + length,
-                         "end_reason": reason})  # fmt: skip
+        timeline.append({"step": step, "users": 2**step, "start_time": t, "measure_start": t + 1,
+                         "end_time": t + length, "end_reason": reason})  # fmt: skip
         rng = np.random.default_rng(step)
         starts = np.arange(t + 1, t + length - 0.2, 0.02)
         noise = 1.0 if reason == a.MAX_DURATION else 0.0

@@ -79,7 +79,7 @@ def test_auto_steps_end_when_their_interval_is_within_the_target(fake_server, tm
 
 def test_a_tiny_maximum_ends_every_step_and_flags_it(fake_server, tmp_path):
     server = fake_server("--ttft-ms", "5", "--itl-ms", "1")
-    proc, records, steps, run_json = run(
+    proc, _records, steps, run_json = run(
         server, tmp_path / "r", "--steps", "1,2", "--step-duration", "auto", "--max-step-duration", "2s",
         "--ci-target", "1%", "--step-warmup", "0s",
     )  # fmt: skip
@@ -96,7 +96,7 @@ def test_a_tiny_maximum_ends_every_step_and_flags_it(fake_server, tmp_path):
 def test_auto_rate_steps_across_worker_processes(fake_server, tmp_path):
     """Open loop (--rates) on a master and two workers: the master judges the records the workers ship."""
     server = fake_server("--ttft-ms", "5", "--itl-ms", "1")
-    proc, records, steps, run_json = run(
+    _proc, records, steps, run_json = run(
         server, tmp_path / "r", "--rates", "60,120", "--max-users", "16", "--processes", "2",
         "--step-duration", "auto", "--max-step-duration", "30s", "--ci-target", "20%", "--step-warmup", "1s",
     )  # fmt: skip
