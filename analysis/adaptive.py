@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import orjson
 
+from . import glossary
 from .uncertainty import BATCH_E2E_MULTIPLE, Interval, batch_count, batch_means, min_samples_for_quantile
 
 AUTO = "auto"  # --step-duration auto
@@ -37,6 +38,7 @@ MAX_DURATION = "max_duration"  # it reached --max-step-duration first: flagged
 FIXED = "fixed"  # a fixed --step-duration elapsed
 RUN_STOPPED = "run_stopped"  # the run was stopped before the step ended (Ctrl-C, the web UI's stop, -t)
 END_REASONS = (CI_TARGET, MAX_DURATION, FIXED, RUN_STOPPED)
+STEP_END_COLUMNS = glossary.names(glossary.STEP_END)  # steps.csv's last columns, after the open-loop ones
 
 QUANTILE = 0.95  # the TTFT percentile that must have enough samples
 MIN_CHECK_BATCHES = 10
@@ -178,9 +180,15 @@ class StepAccumulator:
         for line in lines.splitlines():
             cut = line.find(_LISTS)
             try:
-                r = orjson.loads(line[:cut] + b"}" if cut > 0 else line)
-                self.add(r["step"], r["warmup"], r["start_time"], r["status"], r["e2e_s"], r["output_tokens"],
-                         r["ttft_s"])  # fmt: skip
+                try:
+                    r = orjson.loads(line[:cut] + b"}" if cut > 0 else line)
+                    fields = (r["step"], r["warmup"], r["start_time"], r["status"], r["e2e_s"], r["output_tokens"],
+                              r["ttft_s"])  # fmt: skip
+                except (orjson.JSONDecodeError, KeyError):  # a field moved after the lists: the whole line
+                    r = orjson.loads(line)
+                    fields = (r["step"], r["warmup"], r["start_time"], r["status"], r["e2e_s"], r["output_tokens"],
+                              r["ttft_s"])  # fmt: skip
+                self.add(*fields)
             except (orjson.JSONDecodeError, KeyError, TypeError):
                 continue  # not a record of this suite's: the merge at the end reports unreadable lines
 
@@ -244,7 +252,8 @@ def step_lengths_text(run: dict, table, records) -> list[str]:
     stopped = [t for t in timeline if t.get("end_reason") == RUN_STOPPED]
     if str(options.get("step_duration", "")).strip().lower() != AUTO:
         tail = f"; step {stopped[0]['step']} was cut short by the run's stop" if stopped else ""
-        return [f"{head} (fixed --step-duration {options.get('step_duration')}){tail}"]
+        given = options.get("step_duration")
+        return [f"{head} ({f'fixed --step-duration {given}' if given else 'fixed steps'}){tail}"]
     try:
         target = parse_ci_target(options.get("ci_target") or DEFAULT_CI_TARGET)
     except ValueError:
@@ -266,7 +275,9 @@ def step_lengths_text(run: dict, table, records) -> list[str]:
         elif reason == RUN_STOPPED:
             lines.append(f"{label}cut short by the run's stop (aggregate tok/s {width})")
         else:
-            lines.append(f"{label}{reason or 'reason not recorded'} (aggregate tok/s {width})")
+            running = reason is None and run.get("finished_at") is None and t is timeline[-1]
+            lines.append(f"{label}{'still running' if running else reason or 'reason not recorded'} "
+                         f"(aggregate tok/s {width})")  # fmt: skip
     return lines
 
 

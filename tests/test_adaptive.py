@@ -222,3 +222,13 @@ def test_the_end_of_run_lines_read_the_tables_interval_when_it_has_one():
     run, table, records = _run("auto", [a.CI_TARGET])
     table = table.assign(aggregate_tok_s=100.0, aggregate_tok_s_ci_low=97.0, aggregate_tok_s_ci_high=103.0)
     assert "±3.0 %" in a.step_lengths_text(run, table, records)[1]
+
+
+def test_a_shipped_line_whose_fields_follow_the_lists_is_read_whole():
+    acc = a.StepAccumulator()
+    acc.active = True
+    acc.reset(1)
+    line = {"request_id": "x", "chunk_offsets_s": [0.01, 0.02], "step": 1, "warmup": False, "start_time": 5.0,
+            "status": "ok", "e2e_s": 0.5, "output_tokens": 3, "ttft_s": 0.1}  # fmt: skip
+    acc.on_lines(orjson.dumps(line) + b"\n")
+    assert acc.ends == [5.5] and acc.tokens == [3] and acc.ttft_samples == 1
