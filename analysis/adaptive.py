@@ -112,9 +112,9 @@ def decide(
     target: float,
     last_check_s: float = 0.0,
 ) -> Decision:
-    """Stop with MAX_DURATION once elapsed_s >= max_duration_s; at a check point (window >= next_check_s), stop with
-    CI_TARGET when the aggregate tok/s interval is within target and ttft_samples >= n for the 0.95 quantile;
-    else continue."""
+    """At a check point (window >= next_check_s, or elapsed_s >= max_duration_s): stop with CI_TARGET when the
+    aggregate tok/s interval is within target and ttft_samples >= n for the 0.95 quantile, else with MAX_DURATION
+    once elapsed_s >= max_duration_s; else continue."""
     window = now - window_start
     if elapsed_s < max_duration_s:
         if window <= 0 or e2e_median_s is None or math.isnan(e2e_median_s):
@@ -122,10 +122,11 @@ def decide(
         if window < next_check_s(last_check_s, e2e_median_s):
             return Decision(False, None, False, window, ttft_samples)
     ci = aggregate_interval(end_times, tokens, window_start, now, e2e_median_s) if window > 0 else Interval(math.nan)
-    if elapsed_s >= max_duration_s:
-        reason = MAX_DURATION
-    elif within_target(ci, target) and ttft_samples >= min_samples_for_quantile(QUANTILE):
+    # The maximum is a check point fixed in advance too: a step that qualifies there ended by its interval.
+    if within_target(ci, target) and ttft_samples >= min_samples_for_quantile(QUANTILE):
         reason = CI_TARGET
+    elif elapsed_s >= max_duration_s:
+        reason = MAX_DURATION
     else:
         reason = None
     return Decision(reason is not None, reason, True, max(window, 0.0), ttft_samples, ci.value, ci.relative_half_width)
@@ -207,13 +208,17 @@ class StepAccumulator:
         return decision
 
 
-def max_duration_line(step: int, users: int, max_duration_s: float, target: float, rel_half_width: float) -> str:
-    """'Step 3 (16 users) reached --max-step-duration 120 s before its interval narrowed to 5 %: ±7.9 %'."""
+def max_duration_line(
+    step: int, users: int, max_duration_s: float, target: float, rel_half_width: float, ttft_samples: int | None = None
+) -> str:
+    """'Step 3 (16 users) reached --max-step-duration 120 s before its interval narrowed to 5 %: ±7.9 %' (or, when
+    the interval did narrow, the TTFT samples its p95 still lacked)."""
+    need = min_samples_for_quantile(QUANTILE)
+    start = f"Step {step} ({users} users) reached --max-step-duration {max_duration_s:g} s"
+    if not math.isnan(rel_half_width) and rel_half_width <= target and ttft_samples is not None and ttft_samples < need:
+        return f"{start} with {ttft_samples} of the {need} TTFT samples its p95 needs (±{rel_half_width * 100:.1f} %)"
     got = "no interval" if math.isnan(rel_half_width) else f"±{rel_half_width * 100:.1f} %"
-    return (
-        f"Step {step} ({users} users) reached --max-step-duration {max_duration_s:g} s before its interval narrowed "
-        f"to {target * 100:g} %: {got}"
-    )
+    return f"{start} before its interval narrowed to {target * 100:g} %: {got}"
 
 
 def end_reasons(steps: Sequence, timeline: list[dict]) -> list[str | None]:
@@ -268,7 +273,8 @@ def step_lengths_text(run: dict, table, records) -> list[str]:
         reason = t.get("end_reason")
         label = f"Step {t['step']} ({t['users']} users): {length:.1f} s, "
         if reason == MAX_DURATION:
-            flag = max_duration_line(t["step"], t["users"], _seconds(maximum, length), target, rel)
+            samples = _ttft_samples(records, int(t["step"]))
+            flag = max_duration_line(t["step"], t["users"], _seconds(maximum, length), target, rel, samples)
             lines.append(f"MAX: {flag} ({length:.1f} s)")
         elif reason == CI_TARGET:
             lines.append(f"{label}interval within target (aggregate tok/s {width})")
@@ -279,6 +285,12 @@ def step_lengths_text(run: dict, table, records) -> list[str]:
             lines.append(f"{label}{'still running' if running else reason or 'reason not recorded'} "
                          f"(aggregate tok/s {width})")  # fmt: skip
     return lines
+
+
+def _ttft_samples(records, step: int) -> int:
+    """The step's measured ok requests with a TTFT."""
+    measured = (records["step"] == step) & ~records["warmup"].astype(bool) & (records["status"] == "ok")
+    return int((measured & records["ttft_s"].notna()).sum()) if "ttft_s" in records.columns else 0
 
 
 def _seconds(text: str, fallback: float) -> float:

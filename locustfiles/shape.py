@@ -174,7 +174,12 @@ class StepLoadShape(LoadTestShape):
         if decision.reason == adaptive.MAX_DURATION:
             logger.warning(
                 adaptive.max_duration_line(
-                    entry["step"], entry["users"], plan.max_duration, plan.target, decision.rel_half_width
+                    entry["step"],
+                    entry["users"],
+                    plan.max_duration,
+                    plan.target,
+                    decision.rel_half_width,
+                    decision.ttft_samples,
                 )
             )
         return decision.reason

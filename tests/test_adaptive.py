@@ -74,6 +74,17 @@ def test_the_maximum_ends_a_step_whose_interval_stays_wide_and_flags_it():
     line = a.max_duration_line(3, 16, 20.0, 0.01, d.rel_half_width)
     assert line.startswith("Step 3 (16 users) reached --max-step-duration 20 s before its interval narrowed to 1 %: ±")
     assert a.max_duration_line(0, 1, 120, 0.05, math.nan).endswith(": no interval")
+    assert a.max_duration_line(0, 1, 120, 0.05, 0.03, 150).endswith(
+        "with 150 of the 200 TTFT samples its p95 needs (±3.0 %)"
+    )
+
+
+def test_a_step_that_qualifies_at_its_maximum_ended_by_its_interval():
+    ends, weights = stream(200, rate=20, tokens=50)
+    d = a.decide(ends[ends < 4.5], weights[ends < 4.5], E2E, NEED, 0.0, 4.5, 4.5, 4.5, 0.05, last_check_s=4.0)
+    assert d.stop and d.reason == a.CI_TARGET and d.checked
+    d = a.decide(ends[ends < 4.5], weights[ends < 4.5], E2E, NEED - 1, 0.0, 4.5, 4.5, 4.5, 0.05, last_check_s=4.0)
+    assert d.stop and d.reason == a.MAX_DURATION
 
 
 def test_too_few_ttft_samples_keep_a_narrow_step_going():
@@ -200,6 +211,7 @@ def _run(step_duration: str, reasons: list[str]) -> tuple[dict, pd.DataFrame, pd
         records.append(pd.DataFrame({"step": step, "warmup": False, "start_time": starts, "e2e_s": 0.1,
                                      "status": "ok", "output_tokens": tokens}))  # fmt: skip
         t += length
+    records = [r.assign(ttft_s=0.01) for r in records]
     run = {"started_at": 999.0, "finished_at": t + 0.5, "timeline": timeline,
            "options": {"step_duration": step_duration, "max_step_duration": "20s", "ci_target": "5%"}}  # fmt: skip
     return run, pd.DataFrame({"step": range(len(reasons))}), pd.concat(records, ignore_index=True)
