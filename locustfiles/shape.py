@@ -162,6 +162,8 @@ class StepLoadShape(LoadTestShape):
         """Why the running step ends now (analysis/adaptive.END_REASONS), or None while it goes on."""
         if plan.duration is not None:
             return adaptive.FIXED if elapsed_s >= plan.duration else None
+        if not tracker.timeline:  # the run was reset under the shape (a stop in the web UI): nothing to judge
+            return None
         entry = tracker.timeline[-1]
         decision = tracker.adaptive.decide(
             entry["measure_start"], time.time(), elapsed_s, plan.max_duration, plan.target
