@@ -21,6 +21,7 @@ import pandas as pd
 
 from . import __version__ as SUITE_VERSION
 from . import servers
+from .adaptive import step_lengths_text
 from .compare import Comparison, compare_runs
 from .diagnosis import Diagnosis, diagnose, worker_lines
 from .integrity import integrity
@@ -160,6 +161,7 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
         echo(_section("Efficiency ceiling", ceiling["text"]))
     errors = error_limit(records, (run.get("options") or {}).get("max_error_rate"))
     echo(errors["text"])
+    echo(_section("Step lengths", step_lengths_text(run, table, records)))  # analysis/adaptive.py
     outcome = Outcome(
         run_dir=run_dir,
         run=run,

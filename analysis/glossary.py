@@ -337,6 +337,7 @@ SERVER = "server"  # steps.csv: vLLM's /metrics over each step's window
 GENERATOR = "generator"  # steps.csv: the load generator's self-checks
 OPEN_LOOP = "open_loop"  # steps.csv: open-loop (--rates) columns
 SERVER_BOUNDS = "server_bounds"  # steps.csv: the bounds of the server's histogram quantiles, after open loop
+STEP_END = "step_end"  # steps.csv: why each step ended (--step-duration auto), after the server bounds
 REQUESTS = "requests"  # requests.parquet: one row per request
 LIVE = "live"  # the web UI's LLM tab only: the server's latest gauges and the row's scope (written nowhere)
 
@@ -676,6 +677,13 @@ _SERVER_BOUND_COLUMNS = [
     *_server_bounds("server_ttft", "vllm:time_to_first_token_seconds", "Server TTFT"),
     *_server_bounds("server_queue_time", "vllm:request_queue_time_seconds", "Queue time"),
 ]
+# steps.csv, how each step ended (analysis/adaptive.py), after the open-loop columns.
+_STEP_END_COLUMNS = [
+    Column("end_reason", STEP_END, "text", "Why the step ended: ci_target (--step-duration auto: its aggregate tok/s "
+           "interval within --ci-target with enough TTFT samples), max_duration (it reached --max-step-duration "
+           "first: flagged), fixed (--step-duration elapsed), run_stopped (the run was stopped first).",
+           "run.json's timeline entry of the step", label="End reason", fmt="text"),
+]  # fmt: skip
 
 # requests.parquet: one row per request, in analysis/records.py SCHEMA's order.
 _REQUEST_COLUMNS = [
@@ -740,12 +748,15 @@ COLUMNS: dict[tuple[str, str], Column] = {
     + _GENERATOR_COLUMNS
     + _OPEN_LOOP_COLUMNS
     + _SERVER_BOUND_COLUMNS
+    + _STEP_END_COLUMNS
     + _REQUEST_COLUMNS
     + _LIVE_COLUMNS
 }
 # One column per name in the step table (steps.csv and the web UI's row): the requests' columns may share a name.
 STEP_TABLE: dict[str, Column] = {
-    c.name: c for c in COLUMNS.values() if c.section in (STEP, SERVER, GENERATOR, OPEN_LOOP, SERVER_BOUNDS, LIVE)
+    c.name: c
+    for c in COLUMNS.values()
+    if c.section in (STEP, SERVER, GENERATOR, OPEN_LOOP, SERVER_BOUNDS, STEP_END, LIVE)
 }
 
 # The web UI's LLM tab, in the order shown.
@@ -886,6 +897,9 @@ _DOCS_SECTIONS = [
      "from _sum / _count: a median is at most twice the mean. The server columns p50/p99 keep a value only when "
      "these bounds are narrow; the console's server table shows the bounds otherwise (\"< 300\", \"100-250\", "
      "\"> 10000\" in ms). Empty without scrapes or observations."),
+    (STEP_END, "steps.csv: how each step ended", "Why each step ended, last in steps.csv (`analysis/adaptive.py`): "
+     "with `--step-duration auto` a step runs until its aggregate tok/s interval is within `--ci-target` and its "
+     "TTFT p95 has enough samples, looked at only at fixed check points, or until `--max-step-duration`."),
     (REQUESTS, "requests.parquet", "One row per request, written as each finishes (`analysis/records.py`)."),
     (LIVE, "The web UI's LLM tab only", "Written nowhere: the row's scope and the server's latest gauges."),
 ]  # fmt: skip

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .adaptive import end_reasons
 from .generator import merge_generator, step_generator_table
 from .records import merge_records, single_model
 from .schedule import OPEN_LOOP_COLUMNS
@@ -53,10 +54,11 @@ def compute_table(
     if not timeline:
         timeline = timeline_from_records(records)
     table = table.merge(step_generator_table(generator, timeline), on="step", how="left")
-    # The open-loop columns come after every column of earlier versions, then the server quantiles' bounds:
-    # steps.csv only gains columns at its end.
+    # The open-loop columns come after every column of earlier versions, then the server quantiles' bounds, then why
+    # each step ended: steps.csv only gains columns at its end.
     tail = OPEN_LOOP_COLUMNS + [c for c in SERVER_BOUND_COLUMNS if c in table.columns]
-    return table[[c for c in table.columns if c not in tail] + tail]
+    table = table[[c for c in table.columns if c not in tail] + tail]
+    return table.assign(end_reason=end_reasons(table["step"].tolist(), timeline))
 
 
 def merged(run_dir: Path, write: bool = True) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:

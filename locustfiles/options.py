@@ -12,6 +12,7 @@ import os
 from locust.util.timespan import parse_timespan
 
 from ..analysis import servers
+from ..analysis.adaptive import AUTO, DEFAULT_CI_TARGET, DEFAULT_MAX_STEP_DURATION, parse_ci_target
 from ..analysis.run import parse_rate
 from ..analysis.schedule import ARRIVALS, DEFAULT_ARRIVAL, parse_rates
 
@@ -170,8 +171,7 @@ def add_arguments(parser) -> None:
         default=DEFAULT_ARRIVAL,
         choices=list(ARRIVALS),
         env_var="LOCUST_ARRIVAL",
-        help="With --rates: poisson (exponential times between requests, seeded by --seed) or constant (evenly "
-        "spaced)",
+        help="With --rates: poisson (exponential times between requests, seeded by --seed) or constant (evenly spaced)",
     )
     parser.add_argument(
         "--max-users",
@@ -185,7 +185,22 @@ def add_arguments(parser) -> None:
         "--step-duration",
         default=DEFAULT_STEP_DURATION,
         env_var="LOCUST_STEP_DURATION",
-        help="Length of each step (e.g. 30s, 2m)",
+        help="Length of each step (e.g. 30s, 2m), or auto: each step runs until its aggregate tok/s interval is "
+        "within --ci-target and its TTFT p95 has enough samples, or until --max-step-duration",
+    )
+    parser.add_argument(
+        "--max-step-duration",
+        default=DEFAULT_MAX_STEP_DURATION,
+        env_var="LOCUST_MAX_STEP_DURATION",
+        help="With --step-duration auto: the longest a step may run, warm-up included (e.g. 120s, 5m); a step "
+        "that reaches it is flagged (end_reason max_duration)",
+    )
+    parser.add_argument(
+        "--ci-target",
+        default=DEFAULT_CI_TARGET,
+        env_var="LOCUST_CI_TARGET",
+        help="With --step-duration auto: the 95%% interval half-width of a step's aggregate tok/s, relative to its "
+        "value, at which the step ends (e.g. 5%% or 0.05)",
     )
     parser.add_argument(
         "--step-warmup",
@@ -278,6 +293,42 @@ def parse_duration(text: str, name: str, allow_zero: bool = False) -> float:
     return value
 
 
+def parse_step_duration(text: str) -> float | None:
+    """--step-duration: seconds, or None for auto (adaptive steps, analysis/adaptive.py)."""
+    if str(text).strip().lower() == AUTO:
+        return None
+    return parse_duration(text, "--step-duration")
+
+
+def check_step_length(options: argparse.Namespace) -> None:
+    """--step-duration (a duration or auto), --step-warmup shorter than a step, --max-step-duration and --ci-target.
+
+    --max-step-duration or --ci-target changed from its default without --step-duration auto is refused: each
+    step would still run its fixed length, and the run would not measure what its options say."""
+    duration = parse_step_duration(options.step_duration)
+    warmup = parse_duration(options.step_warmup, "--step-warmup", allow_zero=True)
+    maximum_text = getattr(options, "max_step_duration", DEFAULT_MAX_STEP_DURATION)
+    target_text = getattr(options, "ci_target", DEFAULT_CI_TARGET)
+    maximum = parse_duration(maximum_text, "--max-step-duration")
+    parse_ci_target(target_text)
+    if duration is not None:
+        for name, text, default in (
+            ("--max-step-duration", maximum_text, DEFAULT_MAX_STEP_DURATION),
+            ("--ci-target", target_text, DEFAULT_CI_TARGET),
+        ):
+            if str(text).strip() != default:
+                raise ValueError(
+                    f"{name} {text} only applies with --step-duration auto (this run's steps are "
+                    f"{options.step_duration} each); add --step-duration auto or drop {name}"
+                )
+        if warmup >= duration:
+            raise ValueError(
+                f"--step-warmup {options.step_warmup} must be shorter than --step-duration {options.step_duration}"
+            )
+    elif warmup >= maximum:
+        raise ValueError(f"--step-warmup {options.step_warmup} must be shorter than --max-step-duration {maximum_text}")
+
+
 def check(options: argparse.Namespace) -> None:
     """Validate the options that have no argparse type; raises ValueError with a one-line message. The prompt
     options are checked by locustfiles.datasets.check_dataset (plugin.check_options runs both)."""
@@ -292,12 +343,7 @@ def check(options: argparse.Namespace) -> None:
             )
         if options.max_users < 1:
             raise ValueError(f"--max-users {options.max_users} must be at least 1")
-    duration = parse_duration(options.step_duration, "--step-duration")
-    warmup = parse_duration(options.step_warmup, "--step-warmup", allow_zero=True)
-    if warmup >= duration:
-        raise ValueError(
-            f"--step-warmup {options.step_warmup} must be shorter than --step-duration {options.step_duration}"
-        )
+    check_step_length(options)
     if options.max_tokens < 1:
         raise ValueError(f"--max-tokens {options.max_tokens} must be at least 1")
     if options.scrape_interval <= 0:

@@ -90,6 +90,8 @@ SAVED_OPTIONS = [
     "max_users",
     "step_duration",
     "step_warmup",
+    "max_step_duration",
+    "ci_target",
     "max_error_rate",
     "slo",
     "gpu",
@@ -390,6 +392,9 @@ def register(environment) -> RunContext:
     events.test_stopping.add_listener(ctx.on_test_stopping)
     events.test_stop.add_listener(ctx.on_test_stop)
     events.llm_request.add_listener(ctx.on_record)
+    if ctx.is_controller:  # --step-duration auto: the shape's live view of the current step
+        events.llm_request.add_listener(ctx.tracker.adaptive.on_record)
+        getattr(events, RECORDS_EVENT).add_listener(ctx.tracker.adaptive.on_lines)
     events.quitting.add_listener(ctx.on_quitting)
     if getattr(environment, "web_ui", None) is not None and ctx.is_controller:
         # Registered after the run context: its test_start resolves the run directory the tab reads, and its

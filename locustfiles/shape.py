@@ -1,5 +1,6 @@
 """The stepped load: --steps 1,2,4,... users (or --rates 1,2,4,... requests/s), each held for --step-duration, the
-first --step-warmup excluded.
+first --step-warmup excluded; with --step-duration auto, each held until it has measured enough (analysis/adaptive.py)
+or for --max-step-duration.
 
 The shape runs on the master (or the local runner). `StepTracker` carries the current step to every process
 so each record is tagged with the step and user count in force when its request started; for a rate step it also
@@ -16,9 +17,11 @@ from dataclasses import dataclass
 from locust import LoadTestShape
 from locust.runners import MasterRunner, WorkerRunner
 
+from ..analysis import adaptive
 from ..analysis.schedule import parse_rates
+from .distributed import SHIP_INTERVAL_S
 from .openloop import OpenLoopPlan
-from .options import parse_duration, parse_steps
+from .options import parse_duration, parse_step_duration, parse_steps
 
 STEP_MESSAGE = "vllm_loadtest_step"
 
@@ -42,6 +45,10 @@ class StepTracker:
         self.on_change = on_change
         self.plan = OpenLoopPlan()  # this process's schedule of a rate run (unused in a closed loop)
         runner = environment.runner
+        # --step-duration auto: the controller's live view of the current step (fed by plugin.register's listeners).
+        # A master's records arrive up to a shipping interval late (and a little more in transit): it judges the
+        # window up to that much before now, so a last batch still on its way does not read as a slump.
+        self.adaptive = adaptive.StepAccumulator(lag_s=2 * SHIP_INTERVAL_S if isinstance(runner, MasterRunner) else 0)
         if isinstance(runner, WorkerRunner):
             runner.register_message(STEP_MESSAGE, self._on_message)
 
@@ -58,10 +65,15 @@ class StepTracker:
             return 0, self.environment.runner.user_count, False
         return state.step, state.users, time.perf_counter() < state.measure_from
 
-    def begin_step(self, step: int, users: int, warmup_s: float, rate_rps: float | None = None) -> None:
+    def begin_step(
+        self, step: int, users: int, warmup_s: float, rate_rps: float | None = None, end_reason: str | None = None
+    ) -> None:
+        """Start a step; the previous one (still open) ends now, for `end_reason` (analysis/adaptive.END_REASONS)."""
         now = time.time()
         if self.timeline and self.timeline[-1]["end_time"] is None:
             self.timeline[-1]["end_time"] = now
+            self.timeline[-1]["end_reason"] = end_reason
+        self.adaptive.reset(step)
         self.timeline.append(
             {
                 "step": step, "users": users, "start_time": now, "measure_start": now + warmup_s, "end_time": None,
@@ -89,10 +101,11 @@ class StepTracker:
         if self.on_change:
             self.on_change(self.timeline)
 
-    def end(self) -> None:
-        """Close the last step at the end of the run."""
+    def end(self, reason: str = adaptive.RUN_STOPPED) -> None:
+        """Close the last step at the end of the run: ended by the shape for `reason`, else stopped before its end."""
         if self.timeline and self.timeline[-1]["end_time"] is None:
             self.timeline[-1]["end_time"] = time.time()
+            self.timeline[-1]["end_reason"] = reason
             if self.on_change:
                 self.on_change(self.timeline)
 
@@ -126,35 +139,83 @@ class StepLoadShape(LoadTestShape):
         ctx = getattr(getattr(getattr(self, "runner", None), "environment", None), "vllm_loadtest", None)
         if ctx is not None and ctx.tracker.state is not None:
             return
-        self._plan: tuple[list[int], float, float] | None = None  # re-read options on every start (web UI edits)
+        self._plan: _Plan | None = None  # re-read options on every start (web UI edits)
         self._index = -1
         self._step_began = 0.0
 
-    def _read_plan(self) -> tuple[list[int], float, float, list[float] | None]:
+    def _read_plan(self) -> _Plan:
         opts = self.runner.environment.parsed_options
         rates = parse_rates(opts.rates) if getattr(opts, "rates", "") else None
         # A rate run holds one pool of --max-users users at every step: no users stopped (and requests cut off)
         # between steps, and enough of them that a free one is there at each intended time.
         steps = [opts.max_users] * len(rates) if rates else parse_steps(opts.steps)
-        duration = parse_duration(opts.step_duration, "--step-duration")
+        duration = parse_step_duration(opts.step_duration)
         warmup = parse_duration(opts.step_warmup, "--step-warmup", allow_zero=True)
-        return steps, duration, warmup, rates
+        maximum = parse_duration(
+            getattr(opts, "max_step_duration", adaptive.DEFAULT_MAX_STEP_DURATION), "--max-step-duration"
+        )
+        target = adaptive.parse_ci_target(getattr(opts, "ci_target", adaptive.DEFAULT_CI_TARGET))
+        self.runner.environment.vllm_loadtest.tracker.adaptive.active = duration is None
+        return _Plan(steps, duration, warmup, rates, maximum, target)
+
+    def _step_end(self, plan: _Plan, tracker: StepTracker, elapsed_s: float) -> str | None:
+        """Why the running step ends now (analysis/adaptive.END_REASONS), or None while it goes on."""
+        if plan.duration is not None:
+            return adaptive.FIXED if elapsed_s >= plan.duration else None
+        if not tracker.timeline:  # the run was reset under the shape (a stop in the web UI): nothing to judge
+            return None
+        entry = tracker.timeline[-1]
+        decision = tracker.adaptive.decide(
+            entry["measure_start"], time.time(), elapsed_s, plan.max_duration, plan.target
+        )
+        if decision.checked:
+            logger.debug("step %s after %.1f s: %s", entry["step"], elapsed_s, decision)
+        if not decision.stop:
+            return None
+        entry["end_check"] = decision.to_dict()
+        if decision.reason == adaptive.MAX_DURATION:
+            logger.warning(
+                adaptive.max_duration_line(
+                    entry["step"],
+                    entry["users"],
+                    plan.max_duration,
+                    plan.target,
+                    decision.rel_half_width,
+                    decision.ttft_samples,
+                )
+            )
+        return decision.reason
 
     def tick(self) -> tuple[int, float] | None:
         if getattr(self, "_plan", None) is None:
             self._plan = self._read_plan()
-        steps, duration, warmup, rates = self._plan
+        plan = self._plan
+        steps = plan.steps
         tracker: StepTracker = self.runner.environment.vllm_loadtest.tracker
         # Each step is timed from its own beginning, not from the run's start: a master's start() blocks until
         # the workers confirm their users (up to seconds), which would otherwise eat into the following steps.
         now = time.monotonic()
-        if self._index < 0 or now - self._step_began >= duration:
+        reason = self._step_end(plan, tracker, now - self._step_began) if self._index >= 0 else None
+        if self._index < 0 or reason is not None:
             self._index += 1
             self._step_began = now
             if self._index >= len(steps):
-                tracker.end()
+                tracker.end(reason or adaptive.FIXED)
                 return None
-            tracker.begin_step(self._index, steps[self._index], warmup, rates[self._index] if rates else None)
+            rate = plan.rates[self._index] if plan.rates else None
+            tracker.begin_step(self._index, steps[self._index], plan.warmup, rate, end_reason=reason)
         users = steps[self._index]
         # Spawn a step's new users within a fraction of a second: the lab fires c requests at once.
         return users, float(max(100, users))
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The shape's options, read at each start (the web UI's form may have changed them)."""
+
+    steps: list[int]
+    duration: float | None  # None: --step-duration auto
+    warmup: float
+    rates: list[float] | None
+    max_duration: float
+    target: float

@@ -25,7 +25,7 @@ from vllm_loadtest.analysis.steps import STEP_COLUMNS, format_table
 from tests.conftest import ROOT, FakeServer
 from tests.test_headless import short_run
 
-STEP_SECTIONS = (g.STEP, g.SERVER, g.GENERATOR, g.OPEN_LOOP, g.SERVER_BOUNDS)
+STEP_SECTIONS = (g.STEP, g.SERVER, g.GENERATOR, g.OPEN_LOOP, g.SERVER_BOUNDS, g.STEP_END)
 
 
 def undeclared(written: list[str], sections: tuple[str, ...]) -> list[str]:
@@ -65,6 +65,7 @@ def test_the_derived_lists_are_the_columns_written_in_order(real_run):
     steps = pd.read_csv(run_dir / "steps.csv")
     assert list(steps.columns) == (
         STEP_COLUMNS + SERVER_COLUMNS + GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS + SERVER_BOUND_COLUMNS
+        + g.names(g.STEP_END)
     )
     for section, derived in ((g.STEP, STEP_COLUMNS), (g.SERVER, SERVER_COLUMNS), (g.GENERATOR, GENERATOR_COLUMNS),
                              (g.OPEN_LOOP, OPEN_LOOP_COLUMNS), (g.SERVER_BOUNDS, SERVER_BOUND_COLUMNS)):  # fmt: skip
@@ -144,7 +145,7 @@ def test_formats():
 
 @pytest.mark.unit
 def test_every_declaration_is_complete():
-    sections = {g.STEP, g.SERVER, g.GENERATOR, g.OPEN_LOOP, g.SERVER_BOUNDS, g.REQUESTS, g.LIVE}
+    sections = {g.STEP, g.SERVER, g.GENERATOR, g.OPEN_LOOP, g.SERVER_BOUNDS, g.STEP_END, g.REQUESTS, g.LIVE}
     for c in g.COLUMNS.values():
         assert c.section in sections and c.unit and c.meaning and "\n" not in c.meaning, c.name
         assert c.bounds is None or all(g.STEP_TABLE[n].section == g.SERVER_BOUNDS for n in c.bounds), c.name

@@ -7,6 +7,7 @@ import math
 
 import pandas as pd
 import pytest
+from vllm_loadtest.analysis.adaptive import STEP_END_COLUMNS
 from vllm_loadtest.analysis.diagnosis import KV_CACHE, LOAD_GENERATOR, diagnose
 from vllm_loadtest.analysis.generator import (
     CPU_BOUND,
@@ -97,7 +98,8 @@ def test_either_bound_alone_flags_a_step_and_exactly_at_the_bound_does_not():
 def test_without_samples_every_step_is_missing_and_nothing_is_flagged():
     table = compute_table(frame([rec(1, 0, 1, 3.0, 0.2, 11, 0.01)]), TIMELINE, None, None)
     # The self-check columns, then the open-loop columns (added later: steps.csv only gains columns at its end).
-    assert list(table.columns[-len(GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS) :]) == GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS
+    last = GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS + STEP_END_COLUMNS
+    assert list(table.columns[-len(last) :]) == last
     assert table["generator_lag_p99_s"].isna().all() and table["generator_bound"].isna().all()
     assert LOAD_GENERATOR not in diagnose(table).binding.values() and "generator" not in format_table(table).lower()
 

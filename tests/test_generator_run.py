@@ -11,11 +11,13 @@ import socket
 import numpy as np
 import pandas as pd
 import pytest
+from vllm_loadtest.analysis.adaptive import STEP_END_COLUMNS
 from vllm_loadtest.analysis.diagnosis import LOAD_GENERATOR
 from vllm_loadtest.analysis.generator import CPU_BOUND, GENERATOR_COLUMNS, GENERATOR_DIR, GENERATOR_FILE, LAG_BOUND_S
 from vllm_loadtest.analysis.records import RECEIVED_DIR
 from vllm_loadtest.analysis.report import REPORT_FILE, SUMMARY_FILE
 from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS
+from vllm_loadtest.analysis.server_metrics import SERVER_BOUND_COLUMNS
 
 from tests.helpers.runs import cluster, locust
 
@@ -33,7 +35,9 @@ def test_a_single_overloaded_process_is_flagged_generator_bound(fake_server, tmp
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = pd.read_csv(run_dir / "steps.csv")
-    assert list(steps.columns[-len(GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS) :]) == GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS
+    # The self-check columns, then the later sections (open loop, server bounds, step end): only added at the end.
+    last = GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS + SERVER_BOUND_COLUMNS + STEP_END_COLUMNS
+    assert list(steps.columns[-len(last) :]) == last
     row = steps.iloc[0]
     assert row.generator_processes == 1 and row.users_achieved_mean > 0
     assert row.generator_lag_p99_s > LAG_BOUND_S or row.generator_cpu_max > CPU_BOUND, row

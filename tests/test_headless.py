@@ -9,6 +9,7 @@ import urllib.request
 
 import pandas as pd
 import pytest
+from vllm_loadtest.analysis.adaptive import STEP_END_COLUMNS
 from vllm_loadtest.analysis.generator import GENERATOR_COLUMNS
 from vllm_loadtest.analysis.run import STEPS_FILE
 from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS
@@ -46,7 +47,9 @@ def test_stepped_headless_run_writes_records_and_the_step_table(fake_server, tmp
     steps = pd.read_csv(run_dir / STEPS_FILE)
     assert list(steps.columns) == (
         STEP_COLUMNS + SERVER_COLUMNS + GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS + SERVER_BOUND_COLUMNS
+        + STEP_END_COLUMNS
     )
+    assert set(steps["end_reason"]) == {"fixed"}
     # The fake server's /metrics was scraped: its counters match the client's records exactly.
     metrics = pd.read_parquet(run_dir / "metrics.parquet")
     last = metrics[metrics["metric"] == "vllm:generation_tokens_total"]["value"].iloc[-1]
