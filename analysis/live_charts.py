@@ -229,7 +229,7 @@ class LatencyBins:
         finish = records["start_time"].to_numpy(dtype=float) + records["e2e_s"].to_numpy(dtype=float)
         with np.errstate(invalid="ignore"):
             inside = np.flatnonzero(finish >= t0 + first * width)  # numpy first: the status test on a few rows
-        inside = inside[records["status"].to_numpy()[inside] == "ok"]
+        inside = inside[records["status"].iloc[inside].to_numpy() == "ok"]  # not the whole column: a copy
         if not inside.size:
             return [], [], []
         bins = ((finish[inside] - t0) // width).astype(np.int64) - first
