@@ -41,7 +41,7 @@ PAGE = """<!DOCTYPE html>
 <div class="note" id="notes"></div>
 <div class="note">Refreshed every __POLL_S__ s from <a href="charts.json">charts.json</a>. Times are seconds since
 the run's first step began; grey: a step's warm-up (left out of its numbers); red: a suspect step (an outlier or
-unstable). Lines: p95 of the requests that finished in each time bin (warm-ups included; "-" below 20 requests);
+unstable). Lines: p95 of the requests that finished in each time bin (warm-ups included; none below 20 requests);
 dashes: each step's own p95 (its measured requests, as in steps.csv).</div>
 <script>
 "use strict";
