@@ -82,6 +82,7 @@ class LLMTab:
         self._scrapes = live_charts.ScrapeTail(None)  # the run's metrics.jsonl, read incrementally for the charts
         self._charts: tuple[float, bytes] = (-math.inf, b"")
         self._latency = live_charts.LatencyBins()  # the charts' time bins: only the last ones are recomputed
+        self._catching_up = None  # the greenlet reading a backlog of scrapes, a budget at a time
         # Read once, at startup (before any load): ~20 ms, then served from memory and cached by the browser.
         from plotly import __version__ as plotly_version
         from plotly.offline import get_plotlyjs
@@ -157,6 +158,7 @@ class LLMTab:
             return self._cache[1]
         view = self._compute()
         self._cache = (now, view)
+        self._read_scrapes()  # with Locust's own polling too: the charts find the scrapes read when they open
         return view
 
     def _compute(self) -> LiveView:
@@ -199,7 +201,7 @@ class LLMTab:
         if now - self._charts[0] < REFRESH_MIN_S:
             return self._charts[1]
         view = self.view()
-        self._scrapes.read()  # only the bytes appended since the last refresh, within its time budget
+        self._read_scrapes()
         # After the run its final view stays; its charts end where the run's timeline ends.
         end = view.now
         if self._final is not None and view.timeline:
@@ -217,6 +219,24 @@ class LLMTab:
         body = live_charts.to_json(data)
         self._charts = (now, body)
         return body
+
+    def _read_scrapes(self) -> None:
+        """The lines metrics.jsonl gained since the last read, a few ms at most; a backlog (charts opened late into a
+        long run) is read by a greenlet of its own, one budget at a time with a pause between, so the event loop
+        that stamps every stream is never held longer than one budget."""
+        self._scrapes.read()
+        if self._scrapes.behind and self._catching_up is None:
+            import gevent
+
+            def catch_up(tail: live_charts.ScrapeTail) -> None:
+                try:
+                    while tail.behind and tail is self._scrapes:
+                        gevent.sleep(0.02)
+                        tail.read()
+                finally:
+                    self._catching_up = None
+
+            self._catching_up = gevent.spawn(catch_up, self._scrapes)
 
     def _charts_json(self) -> Response:
         try:
