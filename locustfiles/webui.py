@@ -8,23 +8,32 @@ final report. Cells are plain text: the UI renders them as text, so server-provi
 The tab owns its state and listens to events itself: test_start (a new run: its run directory, whose run.json
 holds the step timeline), the suite's llm_request (a finished request of this process) and llm_worker_records (a
 batch of records a worker shipped to the master), and test_stop (the run's end has been written: its final rows).
+
+The live charts (`/llm/charts`, linked from the Download Data tab) poll `/llm/charts.json`, built by
+`analysis.live_charts` from the same cached live table as the tab's rows, the run's timeline and the new lines of the
+run's metrics.jsonl (read incrementally, a few ms at most per refresh); plotly.js is served by `/llm/plotly.min.js`
+from the installed plotly package, so the page works offline.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from flask import Response, request
 
-from ..analysis import glossary
+from ..analysis import glossary, live_charts
 from ..analysis.live import LiveRecords, latest_gauges, live_table
+from ..analysis.prometheus_text import SCRAPES_FILE
 from ..analysis.records import RECORDS_DIR
 from ..analysis.run import read_run
+from .charts_page import PAGE as CHARTS_PAGE
 from .distributed import RECORDS_EVENT
 from .options import api_key
 
@@ -40,6 +49,18 @@ COLUMNS = [(c.key, c.title) for c in glossary.web_columns()]
 
 
 MASK = "********"
+NOSNIFF = {"X-Content-Type-Options": "nosniff"}  # the browser takes JSON for JSON, never for a page
+
+
+@dataclass
+class LiveView:
+    """One computation of the run so far, shared by the tab's rows and the charts' data until REFRESH_MIN_S passed."""
+
+    rows: list[dict] = field(default_factory=list)
+    table: object = None  # the live step table (a DataFrame), None before any record
+    timeline: list[dict] = field(default_factory=list)
+    records: object = None  # the records frame it was computed from
+    now: float = 0.0  # time.time() of the computation
 
 
 def _row(scope: str, stats: dict, gauges: dict) -> dict:
@@ -56,8 +77,18 @@ class LLMTab:
         self.latest_samples = latest_samples  # the server's latest scrape (None when not scraped)
         self.live = LiveRecords()  # the finished requests of the current (or last) run
         self.run_dir: Path | None = None  # the current (or last) run's
-        self._final: list[dict] | None = None  # the last run's rows, once its end has been written
-        self._cache: tuple[float, list[dict]] = (0.0, [])
+        self._final: LiveView | None = None  # the last run's view, once its end has been written
+        self._cache: tuple[float, LiveView] = (0.0, LiveView())
+        self._scrapes = live_charts.ScrapeTail(None)  # the run's metrics.jsonl, read incrementally for the charts
+        self._charts: tuple[float, bytes] = (-math.inf, b"")
+        self._latency = live_charts.LatencyBins()  # the charts' time bins: only the last ones are recomputed
+        self._catching_up = None  # the greenlet reading a backlog of scrapes, a budget at a time
+        # Read once, at startup (before any load): ~20 ms, then served from memory and cached by the browser.
+        from plotly import __version__ as plotly_version
+        from plotly.offline import get_plotlyjs
+
+        self._plotlyjs = get_plotlyjs().encode()
+        self._plotlyjs_etag = f'"plotly-{plotly_version}"'
         events = environment.events
         events.test_start.add_listener(self._on_test_start)
         events.test_stop.add_listener(self._on_test_stop)
@@ -71,6 +102,7 @@ class LLMTab:
         # Under --web-base-path Locust serves everything below that prefix (a reverse proxy's path): so do these.
         base = (getattr(environment.parsed_options, "web_base_path", None) or "").rstrip("/")
         web_ui.template_args["extended_csv_files"] = [
+            {"href": f"{base}/llm/charts", "title": "LLM: live charts (tok/s per step, TTFT/TPOT p95, KV cache)"},
             {"href": f"{base}/llm/requests.parquet", "title": "LLM: raw request records so far (requests.parquet)"},
             {"href": f"{base}/llm/report.html", "title": "LLM: HTML report of the run so far (report.html)"},
         ]
@@ -82,6 +114,9 @@ class LLMTab:
         app.add_url_rule(f"{base}/llm/stats", "llm_stats", auth(self._stats_json))
         app.add_url_rule(f"{base}/llm/requests.parquet", "llm_records", auth(self._records_download))
         app.add_url_rule(f"{base}/llm/report.html", "llm_report", auth(self._report_download))
+        app.add_url_rule(f"{base}/llm/charts", "llm_charts", auth(self._charts_page))
+        app.add_url_rule(f"{base}/llm/charts.json", "llm_charts_json", auth(self._charts_json))
+        app.add_url_rule(f"{base}/llm/plotly.min.js", "llm_plotlyjs", auth(self._plotlyjs_file))
 
     # --- events -----------------------------------------------------------------------------------------
     def _on_test_start(self, environment, **_kw) -> None:
@@ -90,7 +125,11 @@ class LLMTab:
         self.run_dir = Path(run_dir) if run_dir else None
         self.live.reset()
         self._final = None
-        self._cache = (0.0, [])
+        self._cache = (0.0, LiveView())
+        self._charts = (-math.inf, b"")
+        self._latency = live_charts.LatencyBins()
+        model = environment.parsed_options.model or None  # as the scraper keeps only this model's samples
+        self._scrapes = live_charts.ScrapeTail(self.run_dir / SCRAPES_FILE if self.run_dir else None, model)
 
     def _on_record(self, record, **_kw) -> None:
         self.live.add_record(record)
@@ -102,7 +141,7 @@ class LLMTab:
         # Listens after the plugin's test_stop: every worker's records have arrived and run.json holds the final
         # timeline, so these rows are the final table's, kept until the next run.
         self._final = None
-        self._cache = (0.0, [])
+        self._cache = (0.0, LiveView())
         try:
             self._final = self._compute()
         except Exception:  # the LLM tab must never fail the run (an exception here would set its exit code)
@@ -110,29 +149,36 @@ class LLMTab:
 
     # --- live rows ------------------------------------------------------------------------------------
     def rows(self) -> list[dict]:
+        return self.view().rows
+
+    def view(self) -> LiveView:
+        """The run so far, recomputed at most every REFRESH_MIN_S however many browsers poll."""
         now = time.monotonic()
         if now - self._cache[0] < REFRESH_MIN_S:
             return self._cache[1]
-        rows = self._compute()
-        self._cache = (now, rows)
-        return rows
+        view = self._compute()
+        self._cache = (now, view)
+        self._read_scrapes()  # with Locust's own polling too: the charts find the scrapes read when they open
+        return view
 
-    def _compute(self) -> list[dict]:
+    def _compute(self) -> LiveView:
         if self._final is not None:
             return self._final
         timeline = (read_run(self.run_dir).get("timeline") or []) if self.run_dir is not None else []
+        now = time.time()
         if not timeline:
-            return []
+            return LiveView(now=now)
         gauges = latest_gauges(self.latest_samples(), self.environment.parsed_options.model or None)
         running = self.environment.runner.state in ("spawning", "running")
-        table, whole = live_table(self.live.frame(), timeline, time.time())
+        records = self.live.frame()
+        table, whole = live_table(records, timeline, now)
         rows = []
         if len(table):
             current = table.iloc[-1].to_dict()
             rows.append(_row("current step" if running else "last step", current, gauges))
         if whole:
             rows.append(_row("whole run", whole, gauges))
-        return rows
+        return LiveView(rows, table if len(table) else None, timeline, records, now)
 
     def _inject(self, response: Response) -> Response:
         if not request.path.endswith("/stats/requests") or response.status_code != 200:  # also under a base path
@@ -148,6 +194,68 @@ class LLMTab:
     def _stats_json(self) -> Response:
         return Response(json.dumps(self.rows()), mimetype="application/json")
 
+    # --- live charts ----------------------------------------------------------------------------------
+    def charts_data(self) -> bytes:
+        """/llm/charts.json's body, rebuilt at most every REFRESH_MIN_S (on the cached view) however many poll."""
+        now = time.monotonic()
+        if now - self._charts[0] < REFRESH_MIN_S:
+            return self._charts[1]
+        view = self.view()
+        self._read_scrapes()
+        # After the run its final view stays; its charts end where the run's timeline ends.
+        end = view.now
+        if self._final is not None and view.timeline:
+            end = max((float(t.get("end_time") or t["start_time"]) for t in view.timeline), default=end)
+        data = live_charts.chart_data(
+            view.table,
+            view.timeline,
+            view.records,
+            self._scrapes if self._scrapes.path is not None else None,
+            end if view.timeline else time.time(),
+            str(self.environment.runner.state),
+            self.environment.parsed_options.model or None,
+            self._latency,
+        )
+        body = live_charts.to_json(data)
+        self._charts = (now, body)
+        return body
+
+    def _read_scrapes(self) -> None:
+        """The lines metrics.jsonl gained since the last read, a few ms at most; a backlog (charts opened late into a
+        long run) is read by a greenlet of its own, one budget at a time with a pause between, so the event loop
+        that stamps every stream is never held longer than one budget."""
+        self._scrapes.read()
+        if self._scrapes.behind and self._catching_up is None:
+            import gevent
+
+            def catch_up(tail: live_charts.ScrapeTail) -> None:
+                try:
+                    while tail.behind and tail is self._scrapes:
+                        gevent.sleep(0.02)
+                        tail.read()
+                finally:
+                    self._catching_up = None
+
+            self._catching_up = gevent.spawn(catch_up, self._scrapes)
+
+    def _charts_json(self) -> Response:
+        try:
+            body = self.charts_data()
+        except Exception:  # the charts must never break the web UI: the page shows the failure and polls again
+            logger.exception("cannot compute the LLM charts' data")
+            return Response('{"error": "cannot compute the charts; see the Locust log"}', status=500,
+                            mimetype="application/json")  # fmt: skip
+        return Response(body, mimetype="application/json", headers={"Cache-Control": "no-store", **NOSNIFF})
+
+    def _charts_page(self) -> Response:
+        return Response(CHARTS_PAGE, mimetype="text/html", headers=NOSNIFF)
+
+    def _plotlyjs_file(self) -> Response:
+        headers = {"ETag": self._plotlyjs_etag, "Cache-Control": "public, max-age=86400", **NOSNIFF}
+        if request.headers.get("If-None-Match") == self._plotlyjs_etag:
+            return Response(status=304, headers=headers)
+        return Response(self._plotlyjs, mimetype="text/javascript", headers=headers)
+
     # --- the API key never reaches the browser -----------------------------------------------------------
     def _secrets(self) -> list[str]:
         key = api_key(self.environment.parsed_options)
@@ -158,6 +266,8 @@ class LLMTab:
         secrets = self._secrets()
         if not secrets or response.direct_passthrough or response.is_streamed:
             return response
+        if request.path.endswith("/llm/plotly.min.js"):
+            return response  # the installed package's file holds no key; a short key ("test") would break it
         body = response.get_data()
         changed = False
         for secret in secrets:
