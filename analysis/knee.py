@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-KNEE_GAIN = 0.10  # a later step must add more than this to move the knee (and more than the noise)
-OUTLIER_MARGIN = 0.20  # how far below its neighbours' line a step must lie to be set aside
-STABLE_TOLERANCE = 0.05  # a drift within the window smaller than this is not called unstable
+from .thresholds import KNEE_GAIN, OUTLIER_MARGIN, STABLE_TOLERANCE
+
 KV_FULL = 0.95  # KV-cache usage counted as full (at 91 % the batch cap bound, not the cache: measured)
 TPOT_RISE = 1.2  # a step's TPOT this much above both neighbours' says the server itself ran slower
 
@@ -105,7 +104,9 @@ def _explain(prev: pd.Series, row: pd.Series, nxt: pd.Series) -> str | None:
 
 def saturated(row: pd.Series) -> bool:
     """Requests wait for capacity while the KV cache is full or preemptions climb: the batch limit is reached."""
-    waiting = max(_num(row, "waiting_mean"), _num(row, "waiting_capacity_max"))
+    # max() with a NaN first argument returns it whatever follows: a server without the by-reason gauge.
+    waiting = max((v for v in (_num(row, "waiting_mean"), _num(row, "waiting_capacity_max")) if not math.isnan(v)),
+                  default=math.nan)  # fmt: skip
     kv = _num(row, "kv_cache_usage_max")
     preempted = _num(row, "preemptions")
     return bool(waiting >= 1 and ((kv >= KV_FULL) or preempted > 0))

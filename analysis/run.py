@@ -14,7 +14,7 @@ from .records import merge_records, single_model
 from .schedule import OPEN_LOOP_COLUMNS
 from .server_metrics import SCRAPES_FILE, load_metrics, merge_scrapes, step_server_table
 from .sse import CUT_OFF
-from .steps import step_table, timeline_from_records
+from .steps import UNCERTAINTY_COLUMNS, step_table, timeline_from_records
 
 RUN_FILE = "run.json"
 STEPS_FILE = "steps.csv"
@@ -53,8 +53,10 @@ def compute_table(
     if not timeline:
         timeline = timeline_from_records(records)
     table = table.merge(step_generator_table(generator, timeline), on="step", how="left")
-    # The open-loop columns come last, after every column of earlier versions: steps.csv only gains columns.
-    return table[[c for c in table.columns if c not in OPEN_LOOP_COLUMNS] + OPEN_LOOP_COLUMNS]
+    # The open-loop columns, then the intervals and suspect-step checks, come last, after every column of earlier
+    # versions: steps.csv only gains columns.
+    last = OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS
+    return table[[c for c in table.columns if c not in last] + last]
 
 
 def merged(run_dir: Path, write: bool = True) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:
