@@ -251,10 +251,11 @@ _METRICS += [
         "outlier",
         "bool",
         "A step out of line with the curve its neighbours draw: the next step's tok/s is clearly above it (more "
-        f"than {KNEE_GAIN:.0%} and beyond both intervals) and its interval's upper bound lies more than {OUTLIER_MARGIN:.0%} "
-        "below the straight line between the steps before and after it. A saturating server's curve is concave, "
-        "so a point far below such a line is a disturbance (another job on the server or this machine), not the "
-        "server's curve; the knee leaves such steps out. Empty for the first and last step (no neighbour on one side).",
+        f"than {KNEE_GAIN:.0%} and beyond both intervals) and its interval's upper bound lies more than "
+        f"{OUTLIER_MARGIN:.0%} below the straight line between the steps before and after it. A saturating "
+        "server's curve is concave, so a point far below such a line is a disturbance (another job on the server "
+        "or this machine), not the server's curve; the knee leaves such steps out. Empty for the first and last "
+        "step (no neighbour on one side).",
     ),
 ]
 

@@ -94,8 +94,9 @@ def interval_columns(
     median_e2e = float(np.median(e2e[~np.isnan(e2e)])) if (~np.isnan(e2e)).any() else math.nan
     k = batch_count(window_end - window_start, median_e2e)
     row: dict = {}
+    agg = batch_means(done_times, done_tokens, window_start, window_end, k)
     intervals = {
-        "aggregate_tok_s": batch_means(done_times, done_tokens, window_start, window_end, k),
+        "aggregate_tok_s": agg,
         "per_request_tok_s_mean": t_interval(
             [math.nan if v is None else v for v in map(glossary.per_request_tok_s, ok["output_tokens"], ok["e2e_s"])]
         ),
@@ -111,8 +112,12 @@ def interval_columns(
     row["few_samples"] = " ".join(few) or None
     first, second = halves(done_times, done_tokens, window_start, window_end, k)
     row["aggregate_tok_s_first_half"], row["aggregate_tok_s_second_half"] = first.value, second.value
-    judged = not any(math.isnan(v) for v in (first.value, second.value, first.half_width, second.half_width))
-    row["stable"] = knee.stable(first.value, first.half_width, second.value, second.half_width) if judged else None
+    # Judged only where the whole window has an interval: a half's 2 or 3 batches alone say little of its noise.
+    judged = not any(
+        math.isnan(v) for v in (first.value, second.value, first.half_width, second.half_width, agg.half_width)
+    )
+    verdict = knee.stable(first.value, first.half_width, second.value, second.half_width) if judged else None
+    row["stable"] = None if verdict is None else bool(verdict)
     row["outlier"] = None
     return row
 
