@@ -660,16 +660,21 @@ _OPEN_LOOP_COLUMNS = [
 ]  # fmt: skip
 
 _CI = "95 % confidence interval"
-_BATCH_MEANS = ("batch means: the window cut into k = min(20, window_s / median e2e_s) equal batches, the "
-                "t-interval (k - 1 degrees of freedom) over the k batch rates (merged pairwise while their lag-1 "
-                "autocorrelation exceeds 0.5); empty below 5 batches")
-_ORDER_STATS = ("order statistics [x_(l), x_(u)] of the raw values, ranks from Binomial(n, q); empty when n < "
-                "10 / (1 - q) (then listed in few_samples)")
+_BATCH_MEANS = (
+    "batch means: the window cut into k = min(20, window_s / median e2e_s) equal batches, the "
+    "t-interval (k - 1 degrees of freedom) over the k batch rates (merged pairwise while their lag-1 "
+    "autocorrelation exceeds 0.5); empty below 5 batches"
+)
+_ORDER_STATS = (
+    "order statistics [x_(l), x_(u)] of the raw values, ranks from Binomial(n, q); empty when n < "
+    "10 / (1 - q) (then listed in few_samples)"
+)
 _T_REQUESTS = "t-interval (n - 1 degrees of freedom) over the requests' values; empty below 2 requests"
 
 
-def _ci_pair(name: str, label: str, unit: str, fmt: str, how: str, metric: str, web_fmt: str | None = None
-             ) -> list[Column]:
+def _ci_pair(
+    name: str, label: str, unit: str, fmt: str, how: str, metric: str, web_fmt: str | None = None
+) -> list[Column]:
     """The <name>_ci_low and <name>_ci_high columns of a step value."""
     return [Column(f"{name}_ci_{end}", UNCERTAINTY, unit, f"{word} bound of the {_CI} of {name}.", how,
                    label=f"{label} CI {end}", fmt=fmt, web_fmt=web_fmt, metric=metric)

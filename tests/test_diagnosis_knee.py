@@ -124,7 +124,8 @@ def test_a_generator_bound_step_is_named_wherever_it_is():
 def test_a_rate_run_is_keyed_on_the_rate_with_its_range_and_saturation():
     t = pd.DataFrame({"step": [0, 1, 2, 3], "users": [500] * 4, "rate_rps": [1.0, 2.0, 4.0, 8.0],
                       "aggregate_tok_s": [100.0, 200.0, 400.0, 410.0], "kv_cache_usage_max": [0.1, 0.2, 0.6, 1.0],
-                      "waiting_mean": [0, 0, 0, 12.0], "waiting_max": [0, 0, 0, 20], "preemptions": [0, 0, 0, 0]})  # fmt: skip
+                      "waiting_mean": [0, 0, 0, 12.0], "waiting_max": [0, 0, 0, 20],
+                      "preemptions": [0, 0, 0, 0]})  # fmt: skip
     d = diagnose(t)
     assert (d.knee_rate_rps, d.knee_range, d.saturated_rate_rps) == (4.0, [4.0, 8.0], 8.0)
     assert "the knee lies between 4 and 8 req/s" in d.text[0]

@@ -20,8 +20,15 @@ pytestmark = pytest.mark.unit
 TTFT, ITL, TOKENS = 0.02, 0.01, 11  # e2e = 0.02 + 10 * 0.01 = 0.12 s
 
 
-def closed_loop(step: int, users: int, start: float, end: float, cycle: float = 0.125, first_id: int = 0,
-                slow_after: float | None = None) -> list[dict]:
+def closed_loop(
+    step: int,
+    users: int,
+    start: float,
+    end: float,
+    cycle: float = 0.125,
+    first_id: int = 0,
+    slow_after: float | None = None,
+) -> list[dict]:
     """`users` users sending back to back from start to end; after `slow_after`, each request takes twice as long."""
     rows, i = [], first_id
     for u in range(users):
