@@ -16,7 +16,7 @@ from .generator import format_generator
 from .glossary import StepData, flagged, percentile  # noqa: F401 (percentile: re-exported)
 from .schedule import OPEN_LOOP_COLUMNS, format_open_loop, is_rate_run, open_loop_columns
 from .sse import CUT_OFF
-from .uncertainty import batch_count, batch_means, halves, quantile_interval, t_interval
+from .uncertainty import batch_count, halves, quantile_interval, rate_interval, t_interval
 
 # Column order of steps.csv's core columns, from the glossary (which computes them too).
 STEP_COLUMNS = glossary.names(glossary.STEP)
@@ -85,16 +85,20 @@ def _summarize(ok: pd.DataFrame, errors: int, cut_off: int, tokens: int, window_
 
 
 def interval_columns(
-    ok: pd.DataFrame, done_times: np.ndarray, done_tokens: np.ndarray, window_start: float, window_end: float
+    ok: pd.DataFrame, spans: tuple[np.ndarray, np.ndarray, np.ndarray], window_start: float, window_end: float
 ) -> dict:
     """One row's uncertainty columns (all but outlier, which needs the neighbouring steps): batch means over the
-    tokens completed in the window (k = batch_count(window, median E2E)), t-intervals over the requests,
-    order-statistic intervals of the percentiles, the two halves' rates and the stability check on them."""
+    tokens completed in the window (k = batch_count(window, median E2E)) widened by the window-edge error,
+    t-intervals over the requests, order-statistic intervals of the percentiles, the two halves' rates and the
+    stability check on them. `spans`: (start, end, output tokens) of every ok request of the run."""
     e2e = pd.to_numeric(ok["e2e_s"], errors="coerce").to_numpy(dtype=float)
     median_e2e = float(np.median(e2e[~np.isnan(e2e)])) if (~np.isnan(e2e)).any() else math.nan
     k = batch_count(window_end - window_start, median_e2e)
+    starts, ends, tokens = spans
+    done = (ends >= window_start) & (ends < window_end)
+    done_times, done_tokens = ends[done], tokens[done]
     row: dict = {}
-    agg = batch_means(done_times, done_tokens, window_start, window_end, k)
+    agg = rate_interval(starts, ends, tokens, window_start, window_end, k)
     intervals = {
         "aggregate_tok_s": agg,
         "per_request_tok_s_mean": t_interval(
@@ -154,6 +158,12 @@ def step_table(records: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
         timeline = timeline_from_records(records)
     end_time = records["start_time"] + records["e2e_s"]
     measured, cut, stop_time = measured_masks(records, timeline)
+    is_ok = (records["status"] == "ok").to_numpy()
+    spans = (  # every ok request's (start, end, tokens): the tokens the windows count, for their intervals
+        records["start_time"].to_numpy(dtype=float)[is_ok],
+        end_time.to_numpy(dtype=float)[is_ok],
+        pd.to_numeric(records["output_tokens"], errors="coerce").fillna(0).to_numpy(dtype=float)[is_ok],
+    )
     rows = []
     for step in timeline:
         s = int(step["step"])
@@ -168,9 +178,7 @@ def step_table(records: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
         sent_in_window = int(((records["start_time"] >= window_start) & (records["start_time"] < window_end)).sum())
         sent = records.loc[in_step, [c for c in ("schedule_lag_s",) if c in records.columns]]
         row.update(open_loop_columns(sent, ok, sent_in_window, window_end - window_start, step.get("rate_rps")))
-        done_times = end_time[done].to_numpy(dtype=float)
-        done_tokens = pd.to_numeric(records.loc[done, "output_tokens"], errors="coerce").fillna(0).to_numpy(float)
-        row.update(interval_columns(ok, done_times, done_tokens, window_start, window_end))
+        row.update(interval_columns(ok, spans, window_start, window_end))
         rows.append(row)
     table = pd.DataFrame(rows, columns=STEP_COLUMNS + OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS)
     table["outlier"] = pd.Series(outlier_column(table), index=table.index, dtype=object)

@@ -177,3 +177,52 @@ def halves(
         half = t_interval(rates, confidence).half_width
         out.append(Interval(value, value - half, value + half, per_half))
     return out[0], out[1]
+
+
+def completion_edge_sd(
+    starts: Sequence[float] | np.ndarray,
+    ends: Sequence[float] | np.ndarray,
+    tokens: Sequence[float] | np.ndarray,
+    start: float,
+    end: float,
+    points: int = 200,
+) -> float:
+    """sd of the window-edge error of a rate that counts each request's tokens when it completes: the tokens in
+    flight at the window's start (counted, though partly made before it) minus those at its end (made inside, not
+    counted). P(t) = sum of n_r * (t - s_r) / (e_r - s_r) over the requests in flight at t (linear progress); the
+    error is (P(start) - P(end)) / window, sd = sqrt(2 * var(P)) / window with var(P) over `points` instants of the
+    window. Batch means miss it when completions are periodic (a few users in step with the batches)."""
+    s = np.asarray(starts, dtype=float)
+    e = np.asarray(ends, dtype=float)
+    n = np.asarray(tokens, dtype=float)
+    window = end - start
+    keep = (e > start) & (s < end) & (e > s) & ~np.isnan(n)
+    if not window > 0 or not keep.any():
+        return 0.0 if window > 0 else math.nan
+    s, e, n = s[keep], e[keep], n[keep]
+    rate = n / (e - s)
+    # One instant at a time: a points x requests matrix of a long step would take gigabytes.
+    p = np.array([float((rate * (t - s))[(s < t) & (t < e)].sum()) for t in np.linspace(start, end, points, False)])
+    return float(math.sqrt(2 * p.var()) / window)
+
+
+def rate_interval(
+    starts: Sequence[float] | np.ndarray,
+    ends: Sequence[float] | np.ndarray,
+    tokens: Sequence[float] | np.ndarray,
+    start: float,
+    end: float,
+    batches: int,
+    confidence: float = CONFIDENCE,
+) -> Interval:
+    """The window's rate of tokens counted at completion (sum of the tokens of the requests ending in [start, end)
+    / window) with the batch-means interval widened by the window-edge error: half-width = sqrt(hw_batches^2 +
+    (z * completion_edge_sd)^2), z the normal quantile; NaN bounds where batch means give none."""
+    e = np.asarray(ends, dtype=float)
+    ci = batch_means(e, tokens, start, end, batches, confidence)
+    if math.isnan(ci.low):
+        return ci
+    edge = completion_edge_sd(starts, ends, tokens, start, end)
+    z = float(stats.norm.ppf((1 + confidence) / 2))
+    half = math.hypot(ci.half_width, z * edge)
+    return Interval(ci.value, ci.value - half, ci.value + half, ci.n)

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from vllm_loadtest.analysis import glossary
 from vllm_loadtest.analysis.steps import FEW_MARK, UNCERTAINTY_COLUMNS, format_table, outlier_column, step_table
-from vllm_loadtest.analysis.uncertainty import batch_count, batch_means, quantile_interval, t_interval
+from vllm_loadtest.analysis.uncertainty import batch_count, batch_means, quantile_interval, rate_interval, t_interval
 
 from tests.helpers.records import frame, rec
 
@@ -56,8 +56,9 @@ def test_every_interval_is_the_uncertainty_modules_on_the_steps_raw_values():
     end = records["start_time"] + records["e2e_s"]
     done = (end >= 2.0) & (end < 20.0)
     k = batch_count(18.0, float(measured["e2e_s"].median()))
-    agg = batch_means(end[done], records.loc[done, "output_tokens"].astype(float), 2.0, 20.0, k)
-    assert row.aggregate_tok_s == pytest.approx(agg.value)  # the point estimate is unchanged
+    tokens = records["output_tokens"].astype(float)
+    assert row.aggregate_tok_s == pytest.approx(batch_means(end[done], tokens[done], 2.0, 20.0, k).value)  # unchanged
+    agg = rate_interval(records["start_time"], end, tokens, 2.0, 20.0, k)
     assert (row.aggregate_tok_s_ci_low, row.aggregate_tok_s_ci_high) == pytest.approx((agg.low, agg.high))
     assert row.aggregate_tok_s_ci_low < row.aggregate_tok_s < row.aggregate_tok_s_ci_high
     e2e = t_interval(measured["e2e_s"])
