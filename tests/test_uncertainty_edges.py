@@ -68,3 +68,26 @@ def test_edge_term_known_value_and_missing_data():
     assert math.isnan(completion_edge_sd([0.0], [1.0], [1.0], 5.0, 5.0))
     short = rate_interval([0.0], [1.0], [5.0], 0.0, 4.0, batches=2)
     assert math.isnan(short.low) and short.value == 1.25
+
+
+def test_rate_interval_coverage_on_short_closed_loop_steps():
+    """Steps as short as `make demo`'s (22 s windows): 16 users, 256 tokens, gamma E2Es of mean 2 s. About 95 % of
+    the intervals hold the true rate 16 * 256 / 2 (conservative: edges and batch boundaries both counted)."""
+    rng = np.random.default_rng(23)
+    true_rate = 16 * 256 / 2.0
+    hits, trials, widths = 0, 300, []
+    for _ in range(trials):
+        starts, ends = [], []
+        for _u in range(16):
+            t = rng.uniform(0, 2.0)
+            while t < 40:
+                d = rng.gamma(4.0, 0.5)
+                starts.append(t)
+                ends.append(t + d)
+                t += d
+        s, e = np.array(starts), np.array(ends)
+        ci = rate_interval(s, e, np.full(s.size, 256.0), 10.0, 32.0, batch_count(22.0, 2.0))
+        hits += ci.contains(true_rate)
+        widths.append(ci.relative_half_width)
+    assert 0.92 <= hits / trials <= 1.0, hits / trials
+    assert np.median(widths) < 0.15  # still narrow enough to tell a 10 % step from noise
