@@ -1,11 +1,12 @@
 """End to end (a real `locust` process against tests/fakeserver.py): a server that admits 8 streams at once and
 slows its token gaps threefold while exactly 2 run. The knee is at 8 users, the 2-user step is the only outlier
 (explained by the server's own TPOT), the server is past its batch limit at 16 users, and every step's aggregate
-tok/s interval holds the rate the server's own timing implies (Little's law on its send times, at /truth)."""
+tok/s interval holds the rate the server's exact timing implies (its send times at /truth, the client's gap)."""
 
 from __future__ import annotations
 
 import json
+import statistics
 
 import pandas as pd
 import pytest
@@ -17,16 +18,15 @@ pytestmark = pytest.mark.e2e
 TTFT_MS, ITL_MS, TOKENS, SLOTS = 20, 5, 32, 8
 
 
-def implied_tok_s(truth: dict, start: float, end: float) -> float:
-    """Tokens/s the server's own send times imply over [start, end): Little's law, X = L / R, with L = the mean
-    number of requests inside the server (received, last token not yet sent) over the window and R = their mean time
-    inside it, times the tokens per request."""
-    spans = [(t["recv_wall"], t["last_sent_wall"], t["tokens"]) for t in truth.values()]
-    inside = sum(max(0.0, min(b, end) - max(a, start)) for a, b, _ in spans) / (end - start)
-    measured = [(b - a, n) for a, b, n in spans if start <= a < end]
-    mean_time = sum(d for d, _ in measured) / len(measured)
-    mean_tokens = sum(n for _, n in measured) / len(measured)
-    return inside / mean_time * mean_tokens
+def implied_tok_s(truth: dict, users: int, start: float, end: float, gap_s: float) -> float:
+    """Tokens/s the server's exact timing implies for a closed loop of `users` over [start, end): each user waits
+    for its request (the server's own time for it, the median over the requests it received in the window, which
+    holds the slowed gaps) and then the client's gap before the next; past SLOTS users every slot is always busy,
+    so SLOTS streams of TTFT + (TOKENS - 1) * ITL each."""
+    if users > SLOTS:
+        return SLOTS * TOKENS / ((TTFT_MS + (TOKENS - 1) * ITL_MS) / 1000)
+    served = [t["last_sent_wall"] - t["recv_wall"] for t in truth.values() if start <= t["recv_wall"] < end]
+    return users * TOKENS / (statistics.median(served) + gap_s)
 
 
 def test_a_slowed_step_is_an_outlier_and_the_knee_holds_at_the_servers_batch_limit(fake_server, tmp_path):
@@ -47,8 +47,12 @@ def test_a_slowed_step_is_an_outlier_and_the_knee_holds_at_the_servers_batch_lim
 
     truth = server.get("/truth")
     run = json.loads((run_dir / "run.json").read_text())
+    # The client's own gap between one request's end and its next send, from the 1-user step (one user: in order).
+    one = pd.read_parquet(run_dir / "requests.parquet").query("step == 0").sort_values("start_time")
+    gap_s = float((one["start_time"].shift(-1) - (one["start_time"] + one["duration_s"])).median())
+    assert 0 <= gap_s < 0.02, gap_s
     for step, row in zip(run["timeline"], steps.itertuples()):
-        expected = implied_tok_s(truth, step["measure_start"], step["end_time"])
+        expected = implied_tok_s(truth, row.users, step["measure_start"], step["end_time"], gap_s)
         assert row.aggregate_tok_s_ci_low <= expected <= row.aggregate_tok_s_ci_high, (
             row.users, expected, row.aggregate_tok_s_ci_low, row.aggregate_tok_s, row.aggregate_tok_s_ci_high,
         )  # fmt: skip
