@@ -12,6 +12,7 @@ import pandas as pd
 from . import knee as knee_rules
 from . import schedule
 from .generator import advice, flagged, reasons
+from .steps import unstable
 from .thresholds import KNEE_GAIN
 
 # KV-cache usage at or above this counts as full. Not lower: with 32 requests running against a cap of
@@ -225,7 +226,7 @@ def diagnose(table: pd.DataFrame) -> Diagnosis:
     for o in k.outliers:
         d.text.append(_outlier_line(by_step[o.step], o))
     for _, row in rows.iterrows():
-        if _unstable(row.get("stable")) and int(row["step"]) not in d.outlier_steps:
+        if unstable(row.get("stable")) and int(row["step"]) not in d.outlier_steps:
             d.unstable_steps.append(int(row["step"]))
             d.text.append(_unstable_line(row))
     # The binding resource is named where throughput has stopped growing (at or past the knee), where the server is
@@ -252,11 +253,6 @@ def diagnose(table: pd.DataFrame) -> Diagnosis:
         if schedule.flagged(row.get("schedule_behind")):
             d.text.append(schedule.behind_line(row))
     return d
-
-
-def _unstable(value: object) -> bool:
-    """The stability check was made and failed (None / NaN: not judged)."""
-    return value is not None and not pd.isna(value) and not bool(value)
 
 
 def utc(t: float | None) -> str | None:

@@ -663,7 +663,9 @@ _CI = "95 % confidence interval"
 _BATCH_MEANS = (
     "batch means: the window cut into k = min(20, window_s / median e2e_s) equal batches, the "
     "t-interval (k - 1 degrees of freedom) over the k batch rates (merged pairwise while their lag-1 "
-    "autocorrelation exceeds 0.5); empty below 5 batches"
+    "autocorrelation exceeds 0.5), its half-width widened to sqrt(hw^2 + (1.96 * edge_sd)^2) for the window's "
+    "edges (tokens are counted when their request completes: edge_sd = sqrt(2 var P(t)) / window_s, P(t) the "
+    "tokens in flight at t, linear progress); empty below 5 batches"
 )
 _ORDER_STATS = (
     "order statistics [x_(l), x_(u)] of the raw values, ranks from Binomial(n, q); empty when n < "
@@ -919,7 +921,10 @@ _DOCS_SECTIONS = [
      "single requests or 1-second bins is too narrow; the window is cut into k equal batches, each at least one "
      "median E2E long, and the t-interval is taken over the k batch rates, which assumes the step is stationary (no "
      "trend: `stable` checks it) and the batch rates nearly independent (adjacent batches still alike, lag-1 "
-     "autocorrelation over 0.5, are merged pairwise). The point estimate is the window's rate, unchanged. Means over "
+     "autocorrelation over 0.5, are merged pairwise). Tokens are counted when their request completes, so the "
+     "window's edges add an error batch means miss when completions are periodic (a few users in step): the tokens "
+     "in flight at its start minus those at its end; its spread is measured from the requests' own spans and added "
+     "to the half-width. The point estimate is the window's rate, unchanged. Means over "
      "requests (per-request tok/s, E2E): t-intervals, assuming independent requests (in a closed loop they are "
      "mildly correlated, so these are a little narrow). Percentiles (TTFT, TPOT): distribution-free order-statistic "
      "intervals, the ranks from the binomial distribution of the count of samples below the true quantile, assuming "
