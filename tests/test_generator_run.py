@@ -16,6 +16,7 @@ from vllm_loadtest.analysis.generator import CPU_BOUND, GENERATOR_COLUMNS, GENER
 from vllm_loadtest.analysis.records import RECEIVED_DIR
 from vllm_loadtest.analysis.report import REPORT_FILE, SUMMARY_FILE
 from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS
+from vllm_loadtest.analysis.steps import UNCERTAINTY_COLUMNS
 
 from tests.helpers.runs import cluster, locust
 
@@ -33,7 +34,8 @@ def test_a_single_overloaded_process_is_flagged_generator_bound(fake_server, tmp
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = pd.read_csv(run_dir / "steps.csv")
-    assert list(steps.columns[-len(GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS) :]) == GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS
+    tail = GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS  # steps.csv only gains columns at its end
+    assert list(steps.columns[-len(tail) :]) == tail
     row = steps.iloc[0]
     assert row.generator_processes == 1 and row.users_achieved_mean > 0
     assert row.generator_lag_p99_s > LAG_BOUND_S or row.generator_cpu_max > CPU_BOUND, row
