@@ -26,7 +26,14 @@ import numpy as np
 import orjson
 
 from . import glossary
-from .uncertainty import BATCH_E2E_MULTIPLE, Interval, batch_count, batch_means, min_samples_for_quantile
+from .uncertainty import (
+    BATCH_E2E_MULTIPLE,
+    Interval,
+    batch_count,
+    batch_means,
+    min_samples_for_quantile,
+    rate_interval,
+)
 
 AUTO = "auto"  # --step-duration auto
 DEFAULT_MAX_STEP_DURATION = "120s"
@@ -64,10 +71,15 @@ def aggregate_interval(
     start: float,
     end: float,
     e2e_median_s: float | None,
+    start_times: Sequence[float] | np.ndarray | None = None,
 ) -> Interval:
     """Aggregate tok/s = output tokens of the ok requests completed in [start, end) / (end - start), with its
-    batch-means interval over batch_count(end - start, median E2E) batches."""
-    return batch_means(end_times, tokens, start, end, batch_count(end - start, e2e_median_s))
+    batch-means interval over batch_count(end - start, median E2E) batches, widened by the window-edge error when
+    the requests' start times are given (uncertainty.rate_interval: steps.csv's aggregate_tok_s interval)."""
+    batches = batch_count(end - start, e2e_median_s)
+    if start_times is None:
+        return batch_means(end_times, tokens, start, end, batches)
+    return rate_interval(start_times, end_times, tokens, start, end, batches)
 
 
 def within_target(interval: Interval, target: float) -> bool:
@@ -111,6 +123,7 @@ def decide(
     max_duration_s: float,
     target: float,
     last_check_s: float = 0.0,
+    start_times: Sequence[float] | np.ndarray | None = None,
 ) -> Decision:
     """At a check point (window >= next_check_s, or elapsed_s >= max_duration_s): stop with CI_TARGET when the
     aggregate tok/s interval is within target and ttft_samples >= n for the 0.95 quantile, else with MAX_DURATION
@@ -121,7 +134,11 @@ def decide(
             return Decision(False, None, False, max(window, 0.0), ttft_samples)
         if window < next_check_s(last_check_s, e2e_median_s):
             return Decision(False, None, False, window, ttft_samples)
-    ci = aggregate_interval(end_times, tokens, window_start, now, e2e_median_s) if window > 0 else Interval(math.nan)
+    ci = (
+        aggregate_interval(end_times, tokens, window_start, now, e2e_median_s, start_times)
+        if window > 0
+        else Interval(math.nan)
+    )
     # The maximum is a check point fixed in advance too: a step that qualifies there ended by its interval.
     if within_target(ci, target) and ttft_samples >= min_samples_for_quantile(QUANTILE):
         reason = CI_TARGET
@@ -150,6 +167,7 @@ class StepAccumulator:
 
     def reset(self, step: int) -> None:
         self.step = step
+        self.starts: list[float] = []
         self.ends: list[float] = []
         self.tokens: list[int] = []
         self.e2e: list[float] = []
@@ -161,6 +179,7 @@ class StepAccumulator:
     ) -> None:  # fmt: skip
         if status != "ok" or e2e_s is None:
             return
+        self.starts.append(start_time)
         self.ends.append(start_time + e2e_s)
         self.tokens.append(output_tokens or 0)
         if step == self.step and not warmup:
@@ -201,7 +220,7 @@ class StepAccumulator:
         decision = decide(
             np.fromiter(self.ends, float, len(self.ends)), np.fromiter(self.tokens, float, len(self.tokens)),
             median, self.ttft_samples, window_start, now - self.lag_s, elapsed_s, max_duration_s, target,
-            self.last_check_s,
+            self.last_check_s, np.fromiter(self.starts, float, len(self.starts)),
         )  # fmt: skip
         if decision.checked:
             self.last_check_s = decision.window_s
@@ -238,7 +257,8 @@ def _final_interval(row: dict, records, entry: dict, stop_time: float) -> Interv
     measured = ok[(ok["step"] == int(entry["step"])) & ~ok["warmup"].astype(bool)]
     median = float(measured["e2e_s"].median()) if len(measured) else None
     ends = (ok["start_time"] + ok["e2e_s"]).to_numpy(float)
-    return aggregate_interval(ends, ok["output_tokens"].fillna(0).to_numpy(float), start, end, median)
+    tokens = ok["output_tokens"].fillna(0).to_numpy(float)
+    return aggregate_interval(ends, tokens, start, end, median, ok["start_time"].to_numpy(float))
 
 
 def step_lengths_text(run: dict, table, records) -> list[str]:

@@ -1,4 +1,5 @@
-"""Where the batching curve flattens (the knee) and which resource binds there. Pure: works on the step table."""
+"""Where the batching curve flattens (the knee), whether the server is past its batch limit, which steps not to
+trust, and which resource binds where. Pure: works on the step table."""
 
 from __future__ import annotations
 
@@ -8,15 +9,17 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
+from . import knee as knee_rules
 from . import schedule
 from .generator import advice, flagged, reasons
 from .histograms import from_columns, ms_text
+from .steps import unstable
+from .thresholds import KNEE_GAIN
 
-KNEE_GAIN = 0.10  # a doubling of users that adds less aggregate tok/s than this is past the knee
 # KV-cache usage at or above this counts as full. Not lower: with 32 requests running against a cap of
 # max_num_seqs = 32, a 128-block cache measured 91 % while 32 more waited; a 1-block prompt still fitted, so the
 # batch-size cap, not the cache, held them back.
-KV_FULL = 0.95
+KV_FULL = knee_rules.KV_FULL
 
 # The TTFT gap is worth a sentence when at least this share of the client's TTFT is outside vLLM's engine clock,
 # and at least GAP_MIN_S: below that it is the HTTP round trip of a fast local server.
@@ -33,10 +36,16 @@ LOAD_GENERATOR = "the load generator"
 @dataclass
 class Diagnosis:
     knee_step: int | None = None
-    knee_users: int | None = None
+    knee_users: int | None = None  # the highest load before the flattening (a rate run: its user pool)
     knee_rate_rps: float | None = None  # rate runs (--rates): the knee's intended requests/s
-    binding: dict[int, str] = field(default_factory=dict)  # step -> resource, for the steps at and after the knee
+    binding: dict[int, str] = field(default_factory=dict)  # step -> resource, at and past the knee (or saturation)
     text: list[str] = field(default_factory=list)
+    knee_range: list[float] | None = None  # [the knee's load, the next step's]: the knee lies in between
+    saturated_step: int | None = None  # the first step where the server's own state says its batch is full
+    saturated_users: int | None = None
+    saturated_rate_rps: float | None = None
+    outlier_steps: list[int] = field(default_factory=list)  # left out of the knee: rerun them
+    unstable_steps: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -149,41 +158,147 @@ def _resource_line(row: pd.Series, resource: str) -> str:
     return f"At {users} the binding resource is unknown: no server metrics."
 
 
+def _step_name(row: pd.Series) -> str:
+    """A step named by its load: 'the 2-user step', 'the 4 req/s step'."""
+    rate = row.get("rate_rps")
+    if rate is not None and not pd.isna(rate):
+        return f"the {schedule.rate_label(float(rate))} step"
+    return f"the {int(row['users'])}-user step"
+
+
+def _tok_s(row: pd.Series) -> str:
+    """Its aggregate tok/s with the interval's half-width when there is one: '5512 ± 41 tok/s'."""
+    y, low, high = (knee_rules.num(row, c) for c in ("aggregate_tok_s", "aggregate_tok_s_ci_low",
+                                                      "aggregate_tok_s_ci_high"))  # fmt: skip
+    if math.isnan(low) or math.isnan(high):
+        return f"{y:.0f} tok/s"
+    return f"{y:.0f} ± {(high - low) / 2:.0f} tok/s"
+
+
+def _sentence(text: str) -> str:
+    return text[0].upper() + text[1:]
+
+
+def _between(low: pd.Series, high: pd.Series) -> str:
+    """Two steps' loads as a range: '16 and 32 users', '4 and 8 req/s'."""
+    rate = low.get("rate_rps")
+    if rate is not None and not pd.isna(rate):
+        return f"{float(rate):g} and {schedule.rate_label(float(high['rate_rps']))}"
+    return f"{int(low['users'])} and {int(high['users'])} users"
+
+
+def _knee_line(rows: pd.DataFrame, k: knee_rules.Knee, key: str, unit: str) -> str:
+    """Where the curve flattens, between which loads, and what the step after it did."""
+    at = rows.loc[rows["step"] == k.step].iloc[0]
+    nxt = rows.loc[rows[key] == k.range[1]].iloc[0]
+    gain = gain_per_doubling(at["aggregate_tok_s"], nxt["aggregate_tok_s"], at[key], nxt[key])
+    per = "" if pd.isna(gain) else f" ({gain * 100:+.0f} % per doubling of {unit})"
+    return (
+        f"Aggregate throughput flattens at {_load(at)}: the knee lies between {_between(at, nxt)}. Going "
+        f"to {_load(nxt)} changed it from {_tok_s(at)} to {_tok_s(nxt)}{per}, and no later step rose more than "
+        f"{KNEE_GAIN * 100:.0f} % above it beyond the noise."
+    )
+
+
+def _saturated_line(row: pd.Series) -> str:
+    """The server's own word that its batch is full, from that step on."""
+    waiting = max((v for v in (knee_rules.num(row, "waiting_mean"), knee_rules.num(row, "waiting_capacity_max"))
+                   if not math.isnan(v)), default=math.nan)  # fmt: skip
+    kv, preempted = knee_rules.num(row, "kv_cache_usage_max"), knee_rules.num(row, "preemptions")
+    why = [f"KV-cache usage peaked at {kv:.0%}"] if not math.isnan(kv) else []
+    if not math.isnan(preempted) and preempted > 0:
+        why.append(f"{preempted:.0f} requests were preempted")
+    return (
+        f"From {_load(row)} the server is past its batch limit: requests waited for KV-cache space (about "
+        f"{waiting:.0f} at a time) while {' and '.join(why)}; more load there only queues."
+    )
+
+
+def _outlier_line(row: pd.Series, outlier: knee_rules.Outlier) -> str:
+    line = (
+        f"{_sentence(_step_name(row))} ran slower than the steps around it imply ({_tok_s(row)} where they imply "
+        f"about {outlier.implied_tok_s:.0f}): something else may have used the server or this machine; rerun it. "
+        "It is left out of the knee."
+    )
+    if outlier.explained_by:
+        line += f" The server's own numbers agree: {outlier.explained_by}."
+    return line
+
+
+def _unstable_line(row: pd.Series) -> str:
+    first, second = row.get("aggregate_tok_s_first_half"), row.get("aggregate_tok_s_second_half")
+    return (
+        f"{_sentence(_step_name(row))} was not steady: its throughput moved from {first:.0f} to {second:.0f} tok/s "
+        "between the first and second half of its window, beyond its noise: the server's state changed during the "
+        "step (a cache filling, a queue growing) or something else used the server or this machine; its numbers "
+        "average both halves (rerun it, or lengthen its steps)."
+    )
+
+
 def diagnose(table: pd.DataFrame) -> Diagnosis:
-    """The knee: the first step after which doubling users (the rate, in a --rates run) adds under 10 % aggregate
-    tok/s; the binding resource of every step from the knee on, and of every generator-bound step (before the knee,
-    or without one); then every step of a rate run that fell behind its schedule."""
+    """The knee (analysis.knee.find_knee: outliers left out, a later step more than the noise above moves it, reported
+    with its range), the first step where the server's own state says its batch is full, the suspect steps, the
+    binding resource of every step at or past the knee or the saturated step and of every generator-bound step, then
+    every step of a rate run that fell behind its schedule."""
     d = Diagnosis()
     rates = schedule.is_rate_run(table)
     # A rate run holds the same pool of users at every step: its load is the rate, so the knee is keyed on it.
     key, unit = ("rate_rps", "the rate") if rates else ("users", "users")
     rows = table.sort_values(key).reset_index(drop=True)
-    for i in range(len(rows) - 1):
-        a, b = rows.iloc[i], rows.iloc[i + 1]
-        gain = gain_per_doubling(a["aggregate_tok_s"], b["aggregate_tok_s"], a[key], b[key])
-        if not pd.isna(gain) and gain < KNEE_GAIN:
-            d.knee_step, d.knee_users = int(a["step"]), int(a["users"])
-            if rates:
-                d.knee_rate_rps = float(a["rate_rps"])
-            d.text.append(
-                f"Aggregate throughput flattens at {_load(a)}: going to {_load(b)} changed it "
-                f"from {a['aggregate_tok_s']:.0f} to {b['aggregate_tok_s']:.0f} tok/s ({gain * 100:+.0f} % per "
-                f"doubling of {unit})."
-            )
-            break
-    if d.knee_step is None and len(rows) >= 2:
-        if flagged(rows.iloc[-1].get("generator_bound")):
+    k = knee_rules.find_knee(rows, key) if len(rows) else knee_rules.Knee()
+    by_step = {int(r["step"]): r for _, r in rows.iterrows()}
+    if k.step is not None:
+        at = by_step[k.step]
+        d.knee_step, d.knee_users = k.step, int(at["users"])
+        d.knee_range = list(k.range) if rates else [int(v) for v in k.range]
+        if rates:
+            d.knee_rate_rps = float(at["rate_rps"])
+        d.text.append(_knee_line(rows, k, key, unit))
+    if k.saturated_step is not None:
+        sat = by_step[k.saturated_step]
+        d.saturated_step, d.saturated_users = k.saturated_step, int(sat["users"])
+        if rates:
+            d.saturated_rate_rps = float(sat["rate_rps"])
+    if k.step is None and len(rows) >= 2:
+        if k.saturated_step is not None:
+            room = "but the server's own state says it is past its batch limit (next line)"
+        elif flagged(rows.iloc[-1].get("generator_bound")):
             room = "whether the server still had room at the highest step is unknown: the load generator bound there"
         else:
             room = "the server still had room at the highest step"
-        d.text.append(f"No knee: every doubling of {unit} added at least 10 % aggregate tok/s; {room}.")
-    knee = None if d.knee_step is None else rows.loc[rows["step"] == d.knee_step, key].iloc[0]
+        d.text.append(
+            "No knee: throughput still grew beyond the noise up to the highest step (a later step topped each one "
+            f"by more than {KNEE_GAIN * 100:.0f} %, outliers left out); {room}."
+        )
+    if k.saturated_step is not None:
+        d.text.append(_saturated_line(by_step[k.saturated_step]))
+    d.outlier_steps = [o.step for o in k.outliers]
+    for o in k.outliers:
+        d.text.append(_outlier_line(by_step[o.step], o))
     for _, row in rows.iterrows():
-        past_knee = knee is not None and row[key] >= knee
-        if past_knee or flagged(row.get("generator_bound")):
+        if unstable(row.get("stable")) and int(row["step"]) not in d.outlier_steps:
+            d.unstable_steps.append(int(row["step"]))
+            d.text.append(_unstable_line(row))
+    # The binding resource is named where throughput has stopped growing (at or past the knee), where the server is
+    # full (at or past saturation), and where the load generator bound; never for an outlier (it says nothing of the
+    # server) nor for a step after which throughput still rose beyond the noise.
+    limits = [load for load in (k.load, k.saturated_load) if load is not None]
+    start = min(limits) if limits else None
+    kept = rows[~rows["step"].astype(int).isin(d.outlier_steps)]
+    for _, row in rows.iterrows():
+        step = int(row["step"])
+        if flagged(row.get("generator_bound")):
             resource = binding_resource(row)
-            d.binding[int(row["step"])] = resource
-            d.text.append(_binding_line(row, resource))
+        elif start is None or row[key] < start or step in d.outlier_steps:
+            continue
+        else:
+            later = kept[kept[key] > row[key]]
+            rose = any(knee_rules.clearly_above(r, row) for _, r in later.iterrows())
+            resource = binding_resource(row)
+            if rose and resource in (COMPUTE, UNKNOWN):
+                continue
+        d.binding[step] = resource
+        d.text.append(_binding_line(row, resource))
     for _, row in rows.iterrows():
         if schedule.flagged(row.get("schedule_behind")):
             d.text.append(schedule.behind_line(row))

@@ -20,7 +20,17 @@ import numpy as np
 import pandas as pd
 
 from .histograms import NARROW_BUCKET, from_columns
-from .thresholds import CPU_BOUND, LAG_BOUND_S, LAG_CEILING_S, LAG_FLOOR_S, LAG_SHARE, PROBE_INTERVAL_S
+from .thresholds import (
+    CPU_BOUND,
+    KNEE_GAIN,
+    LAG_BOUND_S,
+    LAG_CEILING_S,
+    LAG_FLOOR_S,
+    LAG_SHARE,
+    OUTLIER_MARGIN,
+    PROBE_INTERVAL_S,
+    STABLE_TOLERANCE,
+)
 
 
 @dataclass(frozen=True)
@@ -235,6 +245,27 @@ _METRICS += [
     ),
 ]
 
+# Suspect steps: whether a step's own numbers can be trusted (analysis/knee.py).
+_METRICS += [
+    Metric(
+        "stable",
+        "bool",
+        "A step's throughput was steady inside its measured window: the aggregate tok/s of its first and second "
+        "half differ by no more than their noise (the root sum of squares of their batch-means half-widths) or by "
+        f"no more than {STABLE_TOLERANCE:.0%} of their mean; empty when a half has too few batches to tell.",
+    ),
+    Metric(
+        "outlier",
+        "bool",
+        "A step out of line with the curve its neighbours draw: the next step's tok/s is clearly above it (more "
+        f"than {KNEE_GAIN:.0%} and beyond both intervals) and its interval's upper bound lies more than "
+        f"{OUTLIER_MARGIN:.0%} below the straight line between the steps before and after it. A saturating "
+        "server's curve is concave, so a point far below such a line is a disturbance (another job on the server "
+        "or this machine), not the server's curve; the knee leaves such steps out. Empty for the first and last "
+        "step (no neighbour on one side).",
+    ),
+]
+
 GLOSSARY: dict[str, Metric] = {m.name: m for m in _METRICS}
 
 
@@ -336,15 +367,17 @@ STEP = "step"  # the core step table (steps.csv, the "Batching curve" console ta
 SERVER = "server"  # steps.csv: vLLM's /metrics over each step's window
 GENERATOR = "generator"  # steps.csv: the load generator's self-checks
 OPEN_LOOP = "open_loop"  # steps.csv: open-loop (--rates) columns
-SERVER_BOUNDS = "server_bounds"  # steps.csv: the bounds of the server's histogram quantiles, after open loop
-STEP_END = "step_end"  # steps.csv: why each step ended (--step-duration auto), after the server bounds
+UNCERTAINTY = "uncertainty"  # steps.csv: confidence intervals and suspect steps, after the open-loop columns
+SERVER_BOUNDS = "server_bounds"  # steps.csv: the bounds of the server's histogram quantiles, after the intervals
+STEP_END = "step_end"  # steps.csv: why each step ended (--step-duration auto), last
 REQUESTS = "requests"  # requests.parquet: one row per request
 LIVE = "live"  # the web UI's LLM tab only: the server's latest gauges and the row's scope (written nowhere)
 
 # A format is a kind and a number of decimals: ms1 = seconds shown as ms with 1 decimal, pct0 = a fraction as a
 # whole percentage, num2 = 2 decimals, int = a count, g = as short as exact, flag = the column's word when true /
-# ok when false, text = as is. Missing values always show as "-", never 0.
-_FORMAT = re.compile(r"^(ms|pct|num|int|g|flag|text)(\d*)$")
+# ok when false, pass = ok when true / the column's word when false (a check that passes), text = as is. Missing
+# values always show as "-", never 0.
+_FORMAT = re.compile(r"^(ms|pct|num|int|g|flag|pass|text)(\d*)$")
 FORMAT_WORDS = {
     "ms": "ms, {d} decimal{s}",
     "pct": "% (whole)",
@@ -352,6 +385,7 @@ FORMAT_WORDS = {
     "int": "integer",
     "g": "shortest exact",
     "flag": "{flag} / ok",
+    "pass": "ok / {flag}",
     "text": "as is",
 }
 
@@ -445,6 +479,8 @@ def format_value(value: object, fmt: str, flag: str | None = None) -> str:
         return str(value)
     if kind == "flag":
         return (flag or "yes") if bool(value) else "ok"
+    if kind == "pass":
+        return "ok" if bool(value) else (flag or "no")
     try:
         v = float(value)
     except (TypeError, ValueError):  # the whole run's step is "all"
@@ -671,6 +707,61 @@ _OPEN_LOOP_COLUMNS = [
            fmt="flag", flag="BEHIND", metric="schedule_behind"),
 ]  # fmt: skip
 
+_CI = "95 % confidence interval"
+_BATCH_MEANS = (
+    "batch means: the window cut into k = min(20, window_s / median e2e_s) equal batches, the "
+    "t-interval (k - 1 degrees of freedom) over the k batch rates (merged pairwise while their lag-1 "
+    "autocorrelation exceeds 0.5), its half-width widened to sqrt(hw^2 + (1.96 * edge_sd)^2) for the window's "
+    "edges (tokens are counted when their request completes: edge_sd = sqrt(2 var P(t)) / window_s, P(t) the "
+    "tokens in flight at t, linear progress); empty below 5 batches"
+)
+_ORDER_STATS = (
+    "order statistics [x_(l), x_(u)] of the raw values, ranks from Binomial(n, q); empty when n < "
+    "10 / (1 - q) (then listed in few_samples)"
+)
+_T_REQUESTS = "t-interval (n - 1 degrees of freedom) over the requests' values; empty below 2 requests"
+
+
+def _ci_pair(
+    name: str, label: str, unit: str, fmt: str, how: str, metric: str, web_fmt: str | None = None
+) -> list[Column]:
+    """The <name>_ci_low and <name>_ci_high columns of a step value."""
+    return [Column(f"{name}_ci_{end}", UNCERTAINTY, unit, f"{word} bound of the {_CI} of {name}.", how,
+                   label=f"{label} CI {end}", fmt=fmt, web_fmt=web_fmt, metric=metric)
+            for end, word in (("low", "Lower"), ("high", "Upper"))]  # fmt: skip
+
+
+# steps.csv, uncertainty: how sure each step's numbers are, and whether the step itself can be trusted (computed in
+# analysis/steps.py with analysis/uncertainty.py and analysis/knee.py); last in steps.csv.
+_UNCERTAINTY_COLUMNS = [
+    *_ci_pair("aggregate_tok_s", "Aggregate tok/s", "tokens/s", "num1", _BATCH_MEANS, "aggregate_tok_s"),
+    *_ci_pair("per_request_tok_s_mean", "Per-request tok/s", "tokens/s", "num1", _T_REQUESTS, "per_request_tok_s"),
+    *_ci_pair("e2e_mean_s", "E2E mean", "s", "ms1", _T_REQUESTS, "e2e_s"),
+    *_ci_pair("ttft_p50_s", "TTFT p50", "s", "ms1", _ORDER_STATS, "ttft_s"),
+    *_ci_pair("ttft_p95_s", "TTFT p95", "s", "ms1", _ORDER_STATS, "ttft_s"),
+    *_ci_pair("ttft_p99_s", "TTFT p99", "s", "ms1", _ORDER_STATS, "ttft_s"),
+    *_ci_pair("tpot_p50_s", "TPOT p50", "s", "ms1", _ORDER_STATS, "tpot_s", web_fmt="ms2"),
+    *_ci_pair("tpot_p95_s", "TPOT p95", "s", "ms1", _ORDER_STATS, "tpot_s", web_fmt="ms2"),
+    Column("few_samples", UNCERTAINTY, "text", "The step's percentile columns with too few samples for an interval: "
+           "their value is a rough guess, marked ~ on the console.", "names, space-separated, of the percentiles "
+           "with intervals whose n < 10 / (1 - q) (20 for p50, 200 for p95, 1000 for p99); empty when none",
+           label="Too few samples", fmt="text"),
+    Column("aggregate_tok_s_first_half", UNCERTAINTY, "tokens/s", "Aggregate throughput over the first half of the "
+           "step's measured window.", "output tokens of the ok requests completed in [measure_start, mid) / "
+           "(window_s / 2)", label="Aggregate tok/s, 1st half", metric="aggregate_tok_s"),
+    Column("aggregate_tok_s_second_half", UNCERTAINTY, "tokens/s", "Aggregate throughput over the second half of "
+           "the step's measured window.", "output tokens of the ok requests completed in [mid, end) / "
+           "(window_s / 2)", label="Aggregate tok/s, 2nd half", metric="aggregate_tok_s"),
+    Column("stable", UNCERTAINTY, "bool", "Throughput was steady inside the window: no trend beyond its noise "
+           "between its two halves.", f"not (|second - first| > sqrt(hw1^2 + hw2^2) and > {STABLE_TOLERANCE:.0%} of "
+           "their mean), hw = each half's batch-means half-width; empty when a half has under 2 batches",
+           label="Stable", header="stable", fmt="pass", flag="UNSTABLE", metric="stable"),
+    Column("outlier", UNCERTAINTY, "bool", "The step ran slower than the steps around it imply: something else may "
+           "have used the server or this machine.", f"the next step is clearly above it and its CI high < (1 - "
+           f"{OUTLIER_MARGIN}) x the line between its neighbours; empty for the first and last step",
+           label="Outlier", header="outlier", fmt="flag", flag="OUTLIER", metric="outlier"),
+]  # fmt: skip
+
 # steps.csv, server bounds: what vLLM's histograms say of their p50 and p99 (analysis/server_metrics.py and
 # analysis/histograms.py), after the open-loop columns, since steps.csv only gains columns at its end.
 _SERVER_BOUND_COLUMNS = [
@@ -747,6 +838,7 @@ COLUMNS: dict[tuple[str, str], Column] = {
     + _SERVER_COLUMNS
     + _GENERATOR_COLUMNS
     + _OPEN_LOOP_COLUMNS
+    + _UNCERTAINTY_COLUMNS
     + _SERVER_BOUND_COLUMNS
     + _STEP_END_COLUMNS
     + _REQUEST_COLUMNS
@@ -756,14 +848,14 @@ COLUMNS: dict[tuple[str, str], Column] = {
 STEP_TABLE: dict[str, Column] = {
     c.name: c
     for c in COLUMNS.values()
-    if c.section in (STEP, SERVER, GENERATOR, OPEN_LOOP, SERVER_BOUNDS, STEP_END, LIVE)
+    if c.section in (STEP, SERVER, GENERATOR, OPEN_LOOP, UNCERTAINTY, SERVER_BOUNDS, STEP_END, LIVE)
 }
 
 # The web UI's LLM tab, in the order shown.
 WEB_UI = [
     "scope", "step", "users", "rate_rps", "requests", "errors", "aggregate_tok_s", "per_request_tok_s_mean",
     "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "tpot_p95_s", "schedule_lag_p99_s",
-    "kv_cache_usage", "running", "waiting",
+    "kv_cache_usage", "running", "waiting", "stable", "outlier",
 ]  # fmt: skip
 
 
@@ -810,7 +902,11 @@ class Section:
 
 
 SECTIONS = {
-    STEP: Section(STEP, "Batching curve (latencies in ms; TTFT/TPOT/ITL exact percentiles of raw records)"),
+    STEP: Section(
+        STEP,
+        "Batching curve (latencies in ms; TTFT/TPOT/ITL exact percentiles of raw records; ± the half-width of the 95 % "
+        "interval; ~ too few samples for a percentile's interval)",
+    ),
     SERVER: Section(
         SERVER,
         "Server (vLLM /metrics over each step's measured window; times in ms; a p99 its histogram buckets cannot pin "
@@ -889,6 +985,24 @@ _DOCS_SECTIONS = [
      "step's measured window (`analysis/generator.py`)."),
     (OPEN_LOOP, "steps.csv: open loop", "Open-loop runs (`--rates`), last in steps.csv; empty in a closed loop but "
      "achieved_rps (`analysis/schedule.py`)."),
+    (UNCERTAINTY, "steps.csv: confidence intervals and suspect steps", "How sure each step's numbers are (95 % "
+     "confidence intervals, computed in `analysis/steps.py` with `analysis/uncertainty.py`), and whether the step "
+     "itself can be trusted (`analysis/knee.py`); last in steps.csv. Rates over the window (aggregate tok/s): batch "
+     "means. Completions inside one step are not independent (the same users, the same batch), so a t-interval over "
+     "single requests or 1-second bins is too narrow; the window is cut into k equal batches, each at least one "
+     "median E2E long, and the t-interval is taken over the k batch rates, which assumes the step is stationary (no "
+     "trend: `stable` checks it) and the batch rates nearly independent (adjacent batches still alike, lag-1 "
+     "autocorrelation over 0.5, are merged pairwise). Tokens are counted when their request completes, so the "
+     "window's edges add an error batch means miss when completions are periodic (a few users in step): the tokens "
+     "in flight at its start minus those at its end; its spread is measured from the requests' own spans and added "
+     "to the half-width. The point estimate is the window's rate, unchanged. Means over "
+     "requests (per-request tok/s, E2E): t-intervals, assuming independent requests (in a closed loop they are "
+     "mildly correlated, so these are a little narrow). Percentiles (TTFT, TPOT): distribution-free order-statistic "
+     "intervals, the ranks from the binomial distribution of the count of samples below the true quantile, assuming "
+     "independent requests; with fewer than 10 / (1 - q) samples there is no such interval (the sample extreme would "
+     "be a bound): the bounds are empty, the column is listed in `few_samples` and the console marks its value ~. A "
+     "bound is empty whenever the data cannot give one. `stable` and `outlier` are the suspect-step checks; the "
+     "diagnosis explains each flagged step and leaves outliers out of the knee."),
     (SERVER_BOUNDS, "steps.csv: server histogram bounds", "What vLLM's histograms say of the server's p50 and "
      "p99 (`analysis/histograms.py`), after the open-loop columns: the bounds each quantile lies between. A "
      "histogram only counts observations between bucket bounds, so a quantile is known to lie in one bucket; "

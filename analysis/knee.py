@@ -21,14 +21,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-KNEE_GAIN = 0.10  # a later step must add more than this to move the knee (and more than the noise)
-OUTLIER_MARGIN = 0.20  # how far below its neighbours' line a step must lie to be set aside
-STABLE_TOLERANCE = 0.05  # a drift within the window smaller than this is not called unstable
+from .thresholds import KNEE_GAIN, OUTLIER_MARGIN, STABLE_TOLERANCE
+
 KV_FULL = 0.95  # KV-cache usage counted as full (at 91 % the batch cap bound, not the cache: measured)
 TPOT_RISE = 1.2  # a step's TPOT this much above both neighbours' says the server itself ran slower
 
 
-def _num(row: pd.Series, col: str) -> float:
+def num(row: pd.Series, col: str) -> float:
+    """row[col] as a float; NaN when missing or not a number."""
     v = row.get(col) if col in row.index else None
     try:
         return math.nan if v is None else float(v)
@@ -38,8 +38,8 @@ def _num(row: pd.Series, col: str) -> float:
 
 def _bounds(row: pd.Series) -> tuple[float, float, float]:
     """(value, low, high) of aggregate tok/s; without an interval the bounds are the value itself."""
-    y = _num(row, "aggregate_tok_s")
-    lo, hi = _num(row, "aggregate_tok_s_ci_low"), _num(row, "aggregate_tok_s_ci_high")
+    y = num(row, "aggregate_tok_s")
+    lo, hi = num(row, "aggregate_tok_s_ci_low"), num(row, "aggregate_tok_s_ci_high")
     return y, (y if math.isnan(lo) else lo), (y if math.isnan(hi) else hi)
 
 
@@ -91,13 +91,13 @@ def outliers(rows: pd.DataFrame, key: str = "users") -> list[Outlier]:
 
 def _explain(prev: pd.Series, row: pd.Series, nxt: pd.Series) -> str | None:
     """The server's own numbers at the step, when they say it ran slower there."""
-    t, t0, t1 = (_num(r, "tpot_p50_s") for r in (row, prev, nxt))
+    t, t0, t1 = (num(r, "tpot_p50_s") for r in (row, prev, nxt))
     if not any(math.isnan(v) for v in (t, t0, t1)) and t > TPOT_RISE * max(t0, t1):
         return (
             f"its TPOT p50 rose to {t * 1000:.1f} ms against {t0 * 1000:.1f} and {t1 * 1000:.1f} ms at the steps "
             "around it: the server itself generated tokens more slowly"
         )
-    q, q0, q1 = (_num(r, "server_queue_time_mean_s") for r in (row, prev, nxt))
+    q, q0, q1 = (num(r, "server_queue_time_mean_s") for r in (row, prev, nxt))
     if not any(math.isnan(v) for v in (q, q0, q1)) and q > TPOT_RISE * max(q0, q1) and q > 0.001:
         return f"the server's queue time rose to {q * 1000:.0f} ms (mean) at that step"
     return None
@@ -105,9 +105,11 @@ def _explain(prev: pd.Series, row: pd.Series, nxt: pd.Series) -> str | None:
 
 def saturated(row: pd.Series) -> bool:
     """Requests wait for capacity while the KV cache is full or preemptions climb: the batch limit is reached."""
-    waiting = max(_num(row, "waiting_mean"), _num(row, "waiting_capacity_max"))
-    kv = _num(row, "kv_cache_usage_max")
-    preempted = _num(row, "preemptions")
+    # max() with a NaN first argument returns it whatever follows: a server without the by-reason gauge.
+    waiting = max((v for v in (num(row, "waiting_mean"), num(row, "waiting_capacity_max")) if not math.isnan(v)),
+                  default=math.nan)  # fmt: skip
+    kv = num(row, "kv_cache_usage_max")
+    preempted = num(row, "preemptions")
     return bool(waiting >= 1 and ((kv >= KV_FULL) or preempted > 0))
 
 

@@ -28,6 +28,7 @@ from .schedule import flagged as schedule_flagged
 from .schedule import is_rate_run
 from .server_metrics import KV_CACHE, RUNNING, WAITING, ServerSeries, server_info
 from .sse import CUT_OFF
+from .steps import unstable
 
 if TYPE_CHECKING:
     from .compare import Comparison
@@ -51,12 +52,37 @@ def _load_axis(tables: dict[str, pd.DataFrame]) -> str:
     return "rate_rps" if all(is_rate_run(t) for t in tables.values()) else "users"
 
 
+def _error_bars(t: pd.DataFrame, name: str) -> dict | None:
+    """Plotly error bars from a value's 95 % interval columns (<name>_ci_low/_high); None when the table has none
+    (a run written before the intervals existed); a step without an interval gets no bar."""
+    low, high = f"{name}_ci_low", f"{name}_ci_high"
+    if low not in t.columns or high not in t.columns:
+        return None
+    value = pd.to_numeric(t[name], errors="coerce")
+    up = (pd.to_numeric(t[high], errors="coerce") - value).tolist()
+    down = (value - pd.to_numeric(t[low], errors="coerce")).tolist()
+    return {"type": "data", "symmetric": False, "array": up, "arrayminus": down, "visible": True}
+
+
 def _batching_curve(tables: dict[str, pd.DataFrame]) -> go.Figure:
+    """Aggregate and per-request tok/s per step, with their 95 % intervals as error bars; suspect steps (outliers,
+    unstable) drawn as open markers."""
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     x = _load_axis(tables)
     for name, t in tables.items():
+        suspect = [
+            flagged(o) or unstable(s)
+            for o, s in zip(t.get("outlier", [None] * len(t)), t.get("stable", [None] * len(t)))
+        ]
         fig.add_trace(
-            go.Scatter(x=t[x], y=t["aggregate_tok_s"], name=f"{name} aggregate tok/s", mode="lines+markers"),
+            go.Scatter(
+                x=t[x],
+                y=t["aggregate_tok_s"],
+                name=f"{name} aggregate tok/s",
+                mode="lines+markers",
+                error_y=_error_bars(t, "aggregate_tok_s"),
+                marker={"symbol": ["circle-open" if s else "circle" for s in suspect], "size": 9},
+            ),
             secondary_y=False,
         )
         fig.add_trace(
@@ -66,6 +92,7 @@ def _batching_curve(tables: dict[str, pd.DataFrame]) -> go.Figure:
                 name=f"{name} per-request tok/s",
                 mode="lines+markers",
                 line={"dash": "dot"},
+                error_y=_error_bars(t, "per_request_tok_s_mean"),
             ),
             secondary_y=True,
         )
@@ -353,7 +380,8 @@ def _step_cell(column: Column | None, value: object) -> str:
 
 def _table_html(table: pd.DataFrame) -> str:
     """The per-step table under the glossary's titles and in its formats (latencies in ms, fractions in %); a step
-    flagged generator-bound or behind schedule is highlighted. A column the glossary does not know keeps its name."""
+    flagged generator-bound, behind schedule, outlier or unstable is highlighted. A column the glossary does not
+    know keeps its name."""
     shown = [(name, STEP_TABLE.get(name)) for name in table.columns]
     head = "".join(
         f"<th title='{html.escape(c.meaning if c else str(name))}'>{html.escape(c.title if c else str(name))}</th>"
@@ -363,7 +391,9 @@ def _table_html(table: pd.DataFrame) -> str:
     for r in table.to_dict(orient="records"):
         cells = "".join(f"<td>{html.escape(_step_cell(c, r[name]))}</td>" for name, c in shown)
         why = [w for w, on in (("generator-bound", flagged(r.get("generator_bound"))),
-                               ("behind schedule", schedule_flagged(r.get("schedule_behind")))) if on]  # fmt: skip
+                               ("behind schedule", schedule_flagged(r.get("schedule_behind"))),
+                               ("outlier", flagged(r.get("outlier"))),
+                               ("unstable", unstable(r.get("stable")))) if on]  # fmt: skip
         flag = f" class='flagged' title='{', '.join(why)}'" if why else ""
         rows.append(f"<tr{flag}>{cells}</tr>")
     # ~60 columns: the table scrolls sideways inside its own box (the step column stays in view) instead of running

@@ -15,7 +15,7 @@ from .records import merge_records, single_model
 from .schedule import OPEN_LOOP_COLUMNS
 from .server_metrics import SCRAPES_FILE, SERVER_BOUND_COLUMNS, load_metrics, merge_scrapes, step_server_table
 from .sse import CUT_OFF
-from .steps import step_table, timeline_from_records
+from .steps import UNCERTAINTY_COLUMNS, step_table, timeline_from_records
 
 RUN_FILE = "run.json"
 STEPS_FILE = "steps.csv"
@@ -54,9 +54,9 @@ def compute_table(
     if not timeline:
         timeline = timeline_from_records(records)
     table = table.merge(step_generator_table(generator, timeline), on="step", how="left")
-    # The open-loop columns come after every column of earlier versions, then the server quantiles' bounds, then why
-    # each step ended: steps.csv only gains columns at its end.
-    tail = OPEN_LOOP_COLUMNS + [c for c in SERVER_BOUND_COLUMNS if c in table.columns]
+    # The open-loop columns come after every column of earlier versions, then the intervals and suspect-step checks,
+    # the server quantiles' bounds and why each step ended: steps.csv only gains columns at its end.
+    tail = OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS + [c for c in SERVER_BOUND_COLUMNS if c in table.columns]
     table = table[[c for c in table.columns if c not in tail] + tail]
     return table.assign(end_reason=end_reasons(table["step"].tolist(), timeline))
 

@@ -11,14 +11,27 @@ import math
 import numpy as np
 import pandas as pd
 
-from . import glossary
+from . import glossary, knee
 from .generator import format_generator
 from .glossary import StepData, flagged, percentile  # noqa: F401 (percentile: re-exported)
-from .schedule import OPEN_LOOP_COLUMNS, format_open_loop, open_loop_columns
+from .schedule import OPEN_LOOP_COLUMNS, format_open_loop, is_rate_run, open_loop_columns
 from .sse import CUT_OFF
+from .uncertainty import batch_count, halves, quantile_interval, rate_interval, t_interval
 
 # Column order of steps.csv's core columns, from the glossary (which computes them too).
 STEP_COLUMNS = glossary.names(glossary.STEP)
+# The intervals and suspect-step checks, last in steps.csv (after the open-loop columns).
+UNCERTAINTY_COLUMNS = glossary.names(glossary.UNCERTAINTY)
+# (column, the request column it is a percentile of, q): the percentiles that get an order-statistic interval.
+QUANTILE_INTERVALS = (
+    ("ttft_p50_s", "ttft_s", 0.50),
+    ("ttft_p95_s", "ttft_s", 0.95),
+    ("ttft_p99_s", "ttft_s", 0.99),
+    ("tpot_p50_s", "tpot_s", 0.50),
+    ("tpot_p95_s", "tpot_s", 0.95),
+)
+TOO_FEW = "too few samples"  # analysis.uncertainty's note for a percentile without an interval
+FEW_MARK = "~"  # the console's mark on a percentile with too few samples for an interval
 
 
 def timeline_from_records(records: pd.DataFrame) -> list[dict]:
@@ -71,6 +84,63 @@ def _summarize(ok: pd.DataFrame, errors: int, cut_off: int, tokens: int, window_
     return glossary.step_values(StepData(ok, errors, cut_off, tokens, window_s, itl_samples(ok)))
 
 
+def interval_columns(
+    ok: pd.DataFrame, spans: tuple[np.ndarray, np.ndarray, np.ndarray], window_start: float, window_end: float
+) -> dict:
+    """One row's uncertainty columns (all but outlier, which needs the neighbouring steps): batch means over the
+    tokens completed in the window (k = batch_count(window, median E2E)) widened by the window-edge error,
+    t-intervals over the requests, order-statistic intervals of the percentiles, the two halves' rates and the
+    stability check on them. `spans`: (start, end, output tokens) of every ok request of the run."""
+    e2e = pd.to_numeric(ok["e2e_s"], errors="coerce").to_numpy(dtype=float)
+    median_e2e = float(np.median(e2e[~np.isnan(e2e)])) if (~np.isnan(e2e)).any() else math.nan
+    k = batch_count(window_end - window_start, median_e2e)
+    starts, ends, tokens = spans
+    done = (ends >= window_start) & (ends < window_end)
+    done_times, done_tokens = ends[done], tokens[done]
+    row: dict = {}
+    agg = rate_interval(starts, ends, tokens, window_start, window_end, k)
+    intervals = {
+        "aggregate_tok_s": agg,
+        "per_request_tok_s_mean": t_interval(
+            [math.nan if v is None else v for v in map(glossary.per_request_tok_s, ok["output_tokens"], ok["e2e_s"])]
+        ),
+        "e2e_mean_s": t_interval(e2e),
+    }
+    few = []
+    for column, metric, q in QUANTILE_INTERVALS:
+        intervals[column] = ci = quantile_interval(pd.to_numeric(ok[metric], errors="coerce").to_numpy(float), q)
+        if ci.note == TOO_FEW:
+            few.append(column)
+    for name, ci in intervals.items():
+        row[f"{name}_ci_low"], row[f"{name}_ci_high"] = ci.low, ci.high
+    row["few_samples"] = " ".join(few) or None
+    first, second = halves(done_times, done_tokens, window_start, window_end, k)
+    row["aggregate_tok_s_first_half"], row["aggregate_tok_s_second_half"] = first.value, second.value
+    # Judged only where the whole window has an interval: a half's 2 or 3 batches alone say little of its noise.
+    judged = not any(
+        math.isnan(v) for v in (first.value, second.value, first.half_width, second.half_width, agg.half_width)
+    )
+    verdict = knee.stable(first.value, first.half_width, second.value, second.half_width) if judged else None
+    row["stable"] = None if verdict is None else bool(verdict)
+    row["outlier"] = None
+    return row
+
+
+def outlier_column(table: pd.DataFrame) -> list[bool | None]:
+    """Per row: an outlier of the curve (analysis.knee.outliers, keyed on the rate in a rate run); None for the
+    first and last step by load and for a step without throughput: a step needs a neighbour on each side."""
+    key = "rate_rps" if is_rate_run(table) else "users"
+    if len(table) < 3 or "aggregate_tok_s" not in table.columns:
+        return [None] * len(table)
+    flagged_steps = {o.step for o in knee.outliers(table, key)}
+    order = table.sort_values(key)["step"].tolist()
+    ends = {order[0], order[-1]}
+    return [
+        None if (s in ends or pd.isna(y)) else (s in flagged_steps)
+        for s, y in zip(table["step"].astype(int), table["aggregate_tok_s"])
+    ]
+
+
 def measured_masks(records: pd.DataFrame, timeline: list[dict]) -> tuple[pd.Series, pd.Series, float]:
     """(measured: started after its step's warm-up, in flight when the load generator began to stop, stop time)."""
     # Requests still in flight when the load generator began to stop are not measured: the stop itself
@@ -88,6 +158,12 @@ def step_table(records: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
         timeline = timeline_from_records(records)
     end_time = records["start_time"] + records["e2e_s"]
     measured, cut, stop_time = measured_masks(records, timeline)
+    is_ok = (records["status"] == "ok").to_numpy()
+    spans = (  # every ok request's (start, end, tokens): the tokens the windows count, for their intervals
+        records["start_time"].to_numpy(dtype=float)[is_ok],
+        end_time.to_numpy(dtype=float)[is_ok],
+        pd.to_numeric(records["output_tokens"], errors="coerce").fillna(0).to_numpy(dtype=float)[is_ok],
+    )
     rows = []
     for step in timeline:
         s = int(step["step"])
@@ -102,8 +178,11 @@ def step_table(records: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
         sent_in_window = int(((records["start_time"] >= window_start) & (records["start_time"] < window_end)).sum())
         sent = records.loc[in_step, [c for c in ("schedule_lag_s",) if c in records.columns]]
         row.update(open_loop_columns(sent, ok, sent_in_window, window_end - window_start, step.get("rate_rps")))
+        row.update(interval_columns(ok, spans, window_start, window_end))
         rows.append(row)
-    return pd.DataFrame(rows, columns=STEP_COLUMNS + OPEN_LOOP_COLUMNS)
+    table = pd.DataFrame(rows, columns=STEP_COLUMNS + OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS)
+    table["outlier"] = pd.Series(outlier_column(table), index=table.index, dtype=object)
+    return table
 
 
 def run_row(records: pd.DataFrame, timeline: list[dict]) -> dict:
@@ -123,15 +202,52 @@ def run_row(records: pd.DataFrame, timeline: list[dict]) -> dict:
     return row
 
 
+def unstable(value: object) -> bool:
+    """The stability check was made and failed (None / NaN: not judged)."""
+    return value is not None and not pd.isna(value) and not bool(value)
+
+
+def _half_width(row: dict, name: str) -> float:
+    low, high = row.get(f"{name}_ci_low"), row.get(f"{name}_ci_high")
+    try:
+        return (float(high) - float(low)) / 2
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _marked(table: pd.DataFrame, rows: list[list[str]]) -> None:
+    """The console's uncertainty marks, in place: '± half-width' after the tok/s values that have an interval, '~'
+    after a percentile with too few samples for one."""
+    shown = [c.name for c, _ in glossary.SECTIONS[glossary.STEP].shown()]
+    for cells, r in zip(rows[1:], table.to_dict(orient="records")):
+        for name in ("aggregate_tok_s", "per_request_tok_s_mean"):
+            hw = _half_width(r, name)
+            if name in shown and not math.isnan(hw) and cells[shown.index(name)] != "-":
+                cells[shown.index(name)] += f" ±{hw:.1f}"
+        few = r.get("few_samples")
+        for name in few.split() if isinstance(few, str) else ():
+            if name in shown and cells[shown.index(name)] != "-":
+                cells[shown.index(name)] += FEW_MARK
+
+
 def format_table(table: pd.DataFrame) -> str:
-    """The batching curve for the console: latencies in ms, throughput in tokens/s, missing values as '-'."""
+    """The batching curve for the console: latencies in ms, throughput in tokens/s (± its 95 % interval's
+    half-width), missing values as '-', a percentile with too few samples for an interval marked '~'."""
     rows = glossary.console_rows(table, glossary.STEP)
+    _marked(table, rows)
     if "generator_bound" in table.columns and table["generator_bound"].map(flagged).any():
         # Marked where the numbers are read: a flagged step's latencies are the client's lateness, not the server's.
         bound = glossary.STEP_TABLE["generator_bound"]
         rows[0].append(bound.header)
         for row, value in zip(rows[1:], table["generator_bound"]):
             row.append(bound.flag if flagged(value) else "")
+    # The suspect steps, marked the same way: their numbers are not the server's curve.
+    for name, is_suspect in (("stable", unstable), ("outlier", flagged)):
+        if name in table.columns and table[name].map(is_suspect).any():
+            column = glossary.STEP_TABLE[name]
+            rows[0].append(column.header)
+            for row, value in zip(rows[1:], table[name]):
+                row.append(column.flag if is_suspect(value) else "")
     out = [glossary.SECTIONS[glossary.STEP].title, *glossary.aligned(rows)]
     if "kv_cache_usage_max" in table.columns and table["kv_cache_usage_max"].notna().any():
         out += ["", *glossary.console_table(table, glossary.SERVER)]

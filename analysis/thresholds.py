@@ -29,3 +29,8 @@ CPU_BOUND = 0.85
 LAG_SHARE = 0.10
 LAG_FLOOR_S = 0.005
 LAG_CEILING_S = 0.05
+
+# The knee and the suspect steps (analysis/knee.py), tuned on disturbed step series (tests/test_knee*.py).
+KNEE_GAIN = 0.10  # a later step must add more than this to move the knee (and more than the noise)
+OUTLIER_MARGIN = 0.20  # how far below its neighbours' line a step must lie to be set aside
+STABLE_TOLERANCE = 0.05  # a drift within the window smaller than this is not called unstable

@@ -2,8 +2,10 @@
 
 Runs in its own process (so its timing does not share the load generator's event loop) with one thread per
 connection and absolute deadlines: token i of a request is sent at receipt + ttft + (i - 1) * itl, and a
-chunk carrying tokens i..j goes out at token j's deadline. It records the actual send offsets per
-X-Request-Id, served at GET /truth, so a test can compare the client's measurements with the truth.
+chunk carrying tokens i..j goes out at token j's deadline (with --max-running, counted from the moment the
+stream got a slot; with --slow-at-concurrency, each gap planned while exactly N streams ran is F times longer).
+It records the actual send offsets per X-Request-Id, served at GET /truth, so a test can compare the client's
+measurements with the truth.
 
     python tests/fakeserver.py --port 0 --ttft-ms 50 --itl-ms 10 --multi-every 7 --empty-every 5 \
         --faults http_500=11,stream_error=13
@@ -58,6 +60,9 @@ class Config:
     hostile: bool = False  # <script> payloads in error messages, completions, metric labels and /version
     tokenize: bool = True  # serve POST /tokenize (vLLM's); off: 404, as a server without it answers
     strict: bool = False  # as OpenAI's API: a request field it does not know is a 400; no /metrics, /version, /tokenize
+    max_running: int = 0  # admit at most this many streams at once; the others wait for a slot (0: no limit)
+    slow_at: int = 0  # while exactly this many streams run, token gaps are multiplied by slow_factor (0: never)
+    slow_factor: float = 1.0
 
 
 class State:
@@ -68,7 +73,9 @@ class State:
         self.ok = 0
         self.tokens = 0
         self.truth: dict[str, dict] = {}
-        self.running = 0
+        self.running = 0  # streams holding a slot (generating)
+        self.waiting = 0  # streams waiting for a slot (--max-running)
+        self.slot_free = threading.Condition(self.lock)
         self.received: list[str] = []  # X-Request-Id of every completion request, in arrival order
         self.metrics_calls = 0
         self.prompts: list[dict] = []
@@ -203,13 +210,13 @@ class Handler(socketserver.StreamRequestHandler):
             if cfg.metrics == "slow":
                 time.sleep(3)
             with state.lock:
-                kv = min(1.0, state.running / 8)
+                kv = min(1.0, state.running / (cfg.max_running or 8))
                 m = cfg.model
                 text = (
                     "# TYPE vllm:num_requests_running gauge\n"
                     f'vllm:num_requests_running{{engine="0",model_name="{m}"}} {state.running}\n'
                     "# TYPE vllm:num_requests_waiting gauge\n"
-                    f'vllm:num_requests_waiting{{engine="0",model_name="{m}"}} 0\n'
+                    f'vllm:num_requests_waiting{{engine="0",model_name="{m}"}} {state.waiting}\n'
                     "# TYPE vllm:kv_cache_usage_perc gauge\n"
                     f'vllm:kv_cache_usage_perc{{engine="0",model_name="{m}"}} {kv}\n'
                     "# TYPE vllm:num_preemptions counter\n"
@@ -263,15 +270,23 @@ class Handler(socketserver.StreamRequestHandler):
 
     def stream(self, path: str, headers: dict, req: dict, t_recv: float) -> bool:
         state: State = self.server.state
+        limit = self.server.config.max_running
         with state.lock:
+            if limit:  # as a server's batch limit: the stream waits for a slot before its first token
+                state.waiting += 1
+                while state.running >= limit:
+                    state.slot_free.wait()
+                state.waiting -= 1
             state.running += 1
+        t_admit = time.perf_counter() if limit else t_recv  # without a limit, timing is counted from receipt
         try:
-            return self._stream(path, headers, req, t_recv)
+            return self._stream(path, headers, req, t_recv, t_admit)
         finally:
             with state.lock:
                 state.running -= 1
+                state.slot_free.notify()
 
-    def _stream(self, path: str, headers: dict, req: dict, t_recv: float) -> bool:
+    def _stream(self, path: str, headers: dict, req: dict, t_recv: float, t_admit: float) -> bool:
         cfg: Config = self.server.config
         state: State = self.server.state
         _, fault = state.next_request(cfg.faults)
@@ -341,6 +356,7 @@ class Handler(socketserver.StreamRequestHandler):
 
         offsets: list[float] = []
         done = 0
+        slowed = 0.0  # extra delay so far from --slow-at-concurrency (token gaps planned while it held)
         try:
             if chat:
                 role = {
@@ -361,7 +377,9 @@ class Handler(socketserver.StreamRequestHandler):
                     return self.inject(fault, event)
                 done += k
                 queued = cfg.queue_s if fault == "queue" else 0.0
-                deadline = t_recv + queued + cfg.ttft_s + (done - 1) * cfg.itl_s
+                if i > 0 and cfg.slow_at and state.running == cfg.slow_at:
+                    slowed += (cfg.slow_factor - 1) * k * cfg.itl_s
+                deadline = t_admit + queued + cfg.ttft_s + (done - 1) * cfg.itl_s + slowed
                 delay = deadline - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)
@@ -473,7 +491,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hostile", action="store_true", help="<script> payloads in every text the server returns")
     p.add_argument("--no-tokenize", action="store_true", help="no POST /tokenize (404), as a server without it")
     p.add_argument("--strict", action="store_true", help="as OpenAI's API: unknown request fields get a 400")
+    p.add_argument("--max-running", type=int, default=0,
+                   help="admit at most N streams at once; the others wait for a free slot before their first token "
+                   "(reported as vllm:num_requests_waiting; KV-cache usage = running / N)")  # fmt: skip
+    p.add_argument("--slow-at-concurrency", default="", metavar="N:F",
+                   help="token gaps x F while exactly N streams are running (a disturbed step), e.g. 2:3")  # fmt: skip
     a = p.parse_args(argv)
+    slow_at, _, slow_factor = a.slow_at_concurrency.partition(":")
     cfg = Config(
         a.ttft_ms / 1000,
         a.itl_ms / 1000,
@@ -489,6 +513,9 @@ def main(argv: list[str] | None = None) -> None:
         a.hostile,
         not a.no_tokenize,
         a.strict,
+        a.max_running,
+        int(slow_at or 0),
+        float(slow_factor or 1.0),
     )
     sys.setswitchinterval(0.0002)  # hand the GIL over fast: a waking handler thread must not wait 5 ms
     server = Server((a.host, a.port), cfg)

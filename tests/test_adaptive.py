@@ -18,7 +18,7 @@ from tests.helpers.badinput import first_error
 
 pytestmark = pytest.mark.unit
 
-E2E = 0.1  # s: a batch is 4 E2Es = 0.4 s, the first look at max(2 s, 10 batches) = 4 s
+E2E = 0.4  # s: a batch is BATCH_E2E_MULTIPLE (1) E2E = 0.4 s, the first look at max(2 s, 10 batches) = 4 s
 NEED = min_samples_for_quantile(0.95)
 
 

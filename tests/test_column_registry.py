@@ -20,12 +20,12 @@ from vllm_loadtest.analysis.records import SCHEMA, single_model
 from vllm_loadtest.analysis.report import REPORT_FILE, _table_html
 from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS, open_loop_columns
 from vllm_loadtest.analysis.server_metrics import SERVER_BOUND_COLUMNS, SERVER_COLUMNS
-from vllm_loadtest.analysis.steps import STEP_COLUMNS, format_table
+from vllm_loadtest.analysis.steps import STEP_COLUMNS, UNCERTAINTY_COLUMNS, format_table, unstable
 
 from tests.conftest import ROOT, FakeServer
 from tests.test_headless import short_run
 
-STEP_SECTIONS = (g.STEP, g.SERVER, g.GENERATOR, g.OPEN_LOOP, g.SERVER_BOUNDS, g.STEP_END)
+STEP_SECTIONS = (g.STEP, g.SERVER, g.GENERATOR, g.OPEN_LOOP, g.UNCERTAINTY, g.SERVER_BOUNDS, g.STEP_END)
 
 
 def undeclared(written: list[str], sections: tuple[str, ...]) -> list[str]:
@@ -64,11 +64,12 @@ def test_the_derived_lists_are_the_columns_written_in_order(real_run):
     run_dir, _ = real_run
     steps = pd.read_csv(run_dir / "steps.csv")
     assert list(steps.columns) == (
-        STEP_COLUMNS + SERVER_COLUMNS + GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS + SERVER_BOUND_COLUMNS
-        + g.names(g.STEP_END)
+        STEP_COLUMNS + SERVER_COLUMNS + GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS
+        + SERVER_BOUND_COLUMNS + g.names(g.STEP_END)
     )
     for section, derived in ((g.STEP, STEP_COLUMNS), (g.SERVER, SERVER_COLUMNS), (g.GENERATOR, GENERATOR_COLUMNS),
-                             (g.OPEN_LOOP, OPEN_LOOP_COLUMNS), (g.SERVER_BOUNDS, SERVER_BOUND_COLUMNS)):  # fmt: skip
+                             (g.OPEN_LOOP, OPEN_LOOP_COLUMNS), (g.UNCERTAINTY, UNCERTAINTY_COLUMNS),
+                             (g.SERVER_BOUNDS, SERVER_BOUND_COLUMNS)):  # fmt: skip
         assert derived == g.names(section)
     assert pq.read_schema(run_dir / "requests.parquet").names == g.names(g.REQUESTS) == SCHEMA.names
     # The columns computed in the modules are the declared ones, no more, no fewer.
@@ -91,6 +92,10 @@ def test_the_console_shows_the_glossary_headers(real_run):
         expected = " ".join(h for _, h in g.SECTIONS[section].shown()).split()
         if section == g.STEP and table["generator_bound"].map(g.flagged).any():
             expected.append("generator")  # the BOUND marker column, shown only when a step was flagged (a busy machine)
+        if section == g.STEP and table["stable"].map(unstable).any():
+            expected.append("stable")  # the suspect-step markers, likewise
+        if section == g.STEP and table["outlier"].map(g.flagged).any():
+            expected.append("outlier")
         assert header == expected, (section, header)
 
 
@@ -145,14 +150,14 @@ def test_formats():
 
 @pytest.mark.unit
 def test_every_declaration_is_complete():
-    sections = {g.STEP, g.SERVER, g.GENERATOR, g.OPEN_LOOP, g.SERVER_BOUNDS, g.STEP_END, g.REQUESTS, g.LIVE}
+    sections = {*STEP_SECTIONS, g.REQUESTS, g.LIVE}
     for c in g.COLUMNS.values():
         assert c.section in sections and c.unit and c.meaning and "\n" not in c.meaning, c.name
         assert c.bounds is None or all(g.STEP_TABLE[n].section == g.SERVER_BOUNDS for n in c.bounds), c.name
         if c.section != g.REQUESTS:
             assert c.label, f"{c.name} needs a label (the report's and the web UI's title)"
         assert c.metric is None or c.metric in g.GLOSSARY, c.name
-        assert (c.fmt == "flag") == (c.flag is not None), c.name
+        assert (c.fmt in ("flag", "pass")) == (c.flag is not None), c.name
     for section in g.SECTIONS.values():
         assert all(header for _, header in section.shown()), section.key
     keys = [c.key for c in g.web_columns()]
@@ -169,7 +174,7 @@ def test_the_web_ui_columns_keep_their_keys_and_titles():
         ("per_request_tok_s", "Per-request tok/s"), ("ttft_p50_ms", "TTFT p50 (ms)"), ("ttft_p95_ms", "TTFT p95 (ms)"),
         ("ttft_p99_ms", "TTFT p99 (ms)"), ("tpot_p50_ms", "TPOT p50 (ms)"), ("tpot_p95_ms", "TPOT p95 (ms)"),
         ("schedule_lag_p99_ms", "Schedule lag p99 (ms)"), ("kv_cache_usage", "KV cache (latest)"),
-        ("running", "Running (latest)"), ("waiting", "Waiting (latest)"),
+        ("running", "Running (latest)"), ("waiting", "Waiting (latest)"), ("stable", "Stable"), ("outlier", "Outlier"),
     ]  # fmt: skip
     row = _row("whole run", {"step": "all", "users": 4, "requests": 10, "ttft_p50_s": 0.02049, "tpot_p50_s": 0.005,
                              "rate_rps": 2.0, "schedule_lag_p99_s": math.nan},

@@ -23,7 +23,7 @@ from vllm_loadtest.analysis.generator import (
 from vllm_loadtest.analysis.records import RECEIVED_DIR
 from vllm_loadtest.analysis.run import compute_table
 from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS
-from vllm_loadtest.analysis.steps import format_table
+from vllm_loadtest.analysis.steps import UNCERTAINTY_COLUMNS, format_table
 
 from tests.helpers.records import TIMELINE, frame, rec
 
@@ -97,9 +97,10 @@ def test_either_bound_alone_flags_a_step_and_exactly_at_the_bound_does_not():
 
 def test_without_samples_every_step_is_missing_and_nothing_is_flagged():
     table = compute_table(frame([rec(1, 0, 1, 3.0, 0.2, 11, 0.01)]), TIMELINE, None, None)
-    # The self-check columns, then the open-loop columns (added later: steps.csv only gains columns at its end).
-    last = GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS + STEP_END_COLUMNS
-    assert list(table.columns[-len(last) :]) == last
+    # The self-check columns, then the later sections (open loop, intervals, step end; no server bounds without
+    # metrics): steps.csv only gains columns at its end.
+    tail = GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS + STEP_END_COLUMNS
+    assert list(table.columns[-len(tail) :]) == tail
     assert table["generator_lag_p99_s"].isna().all() and table["generator_bound"].isna().all()
     assert LOAD_GENERATOR not in diagnose(table).binding.values() and "generator" not in format_table(table).lower()
 

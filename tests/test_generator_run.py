@@ -18,6 +18,7 @@ from vllm_loadtest.analysis.records import RECEIVED_DIR
 from vllm_loadtest.analysis.report import REPORT_FILE, SUMMARY_FILE
 from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS
 from vllm_loadtest.analysis.server_metrics import SERVER_BOUND_COLUMNS
+from vllm_loadtest.analysis.steps import UNCERTAINTY_COLUMNS
 
 from tests.helpers.runs import cluster, locust
 
@@ -35,9 +36,10 @@ def test_a_single_overloaded_process_is_flagged_generator_bound(fake_server, tmp
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = pd.read_csv(run_dir / "steps.csv")
-    # The self-check columns, then the later sections (open loop, server bounds, step end): only added at the end.
-    last = GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS + SERVER_BOUND_COLUMNS + STEP_END_COLUMNS
-    assert list(steps.columns[-len(last) :]) == last
+    # The self-check columns, then the later sections (open loop, intervals, server bounds, step end): only added at
+    # the end.
+    tail = GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS + SERVER_BOUND_COLUMNS + STEP_END_COLUMNS
+    assert list(steps.columns[-len(tail) :]) == tail
     row = steps.iloc[0]
     assert row.generator_processes == 1 and row.users_achieved_mean > 0
     assert row.generator_lag_p99_s > LAG_BOUND_S or row.generator_cpu_max > CPU_BOUND, row

@@ -14,7 +14,7 @@ from vllm_loadtest.analysis.generator import GENERATOR_COLUMNS
 from vllm_loadtest.analysis.run import STEPS_FILE
 from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS
 from vllm_loadtest.analysis.server_metrics import SERVER_BOUND_COLUMNS, SERVER_COLUMNS
-from vllm_loadtest.analysis.steps import STEP_COLUMNS
+from vllm_loadtest.analysis.steps import STEP_COLUMNS, UNCERTAINTY_COLUMNS
 
 from tests.helpers.net import free_port
 from tests.helpers.paths import LOCUSTFILE, ROOT  # noqa: F401 - LOCUSTFILE: for modules that import it from here
@@ -46,8 +46,8 @@ def test_stepped_headless_run_writes_records_and_the_step_table(fake_server, tmp
     records = pd.read_parquet(run_dir / "requests.parquet")
     steps = pd.read_csv(run_dir / STEPS_FILE)
     assert list(steps.columns) == (
-        STEP_COLUMNS + SERVER_COLUMNS + GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS + SERVER_BOUND_COLUMNS
-        + STEP_END_COLUMNS
+        STEP_COLUMNS + SERVER_COLUMNS + GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS
+        + SERVER_BOUND_COLUMNS + STEP_END_COLUMNS
     )
     assert set(steps["end_reason"]) == {"fixed"}
     # The fake server's /metrics was scraped: its counters match the client's records exactly.

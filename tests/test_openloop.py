@@ -20,7 +20,7 @@ from vllm_loadtest.analysis.schedule import (
     lag_bound_s,
     parse_rates,
 )
-from vllm_loadtest.analysis.steps import format_table, step_table
+from vllm_loadtest.analysis.steps import UNCERTAINTY_COLUMNS, format_table, step_table
 from vllm_loadtest.locustfiles.openloop import OpenLoopPlan
 
 from tests.helpers.records import frame, rec
@@ -166,7 +166,9 @@ def open_loop_records():
 
 def test_step_table_reports_lag_intended_latencies_and_rates():
     t = step_table(open_loop_records(), TIMELINE).set_index("step")
-    assert list(t.reset_index().columns[-len(OPEN_LOOP_COLUMNS) :]) == OPEN_LOOP_COLUMNS
+    # The open-loop columns, then the intervals and suspect-step checks (added later: steps.csv only gains at its end).
+    tail = OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS
+    assert list(t.reset_index().columns[-len(tail) :]) == tail
     assert list(t["rate_rps"]) == [2.0, 4.0]
     assert t.loc[0, "achieved_rps"] == pytest.approx(20 / 10)
     assert t.loc[0, "schedule_lag_p50_s"] == pytest.approx(0.001)
@@ -230,7 +232,10 @@ def test_the_knee_of_a_rate_run_is_keyed_on_the_rate():
     )
     d = diagnose(table)
     assert (d.knee_step, d.knee_rate_rps) == (2, 4.0)
-    assert "flattens at 4 req/s: going to 8 req/s" in d.text[0] and "doubling of the rate" in d.text[0]
+    assert "flattens at 4 req/s: the knee lies between 4 and 8 req/s" in d.text[0]
+    assert "Going to 8 req/s changed it from 400 tok/s to 410 tok/s" in d.text[0]
+    assert "doubling of the rate" in d.text[0]
+    assert d.knee_range == [4.0, 8.0]
     assert set(d.binding) == {2, 3} and all(line.startswith("At ") and "req/s" in line for line in d.text[1:])
 
 

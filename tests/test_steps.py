@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS
-from vllm_loadtest.analysis.steps import STEP_COLUMNS, format_table, percentile, step_table
+from vllm_loadtest.analysis.steps import STEP_COLUMNS, UNCERTAINTY_COLUMNS, format_table, percentile, step_table
 
 from tests.helpers.records import TIMELINE, frame, rec
 
@@ -28,7 +28,7 @@ def test_step_table_excludes_warmup_and_counts_window_tokens():
         rec(5, 1, 2, 13.5, 0.5, 21, 0.01),
     ]
     t = step_table(frame(rows), TIMELINE)
-    assert list(t.columns) == STEP_COLUMNS + OPEN_LOOP_COLUMNS
+    assert list(t.columns) == STEP_COLUMNS + OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS
     s0, s1 = t.iloc[0], t.iloc[1]
     assert (s0.requests, s0.errors, s0.cut_off) == (2, 1, 0)
     assert s0.ttft_p50_s == pytest.approx(0.3)
