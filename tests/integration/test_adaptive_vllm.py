@@ -35,21 +35,30 @@ def test_auto_steps_on_a_real_server_end_with_their_interval_within_the_target(v
     steps = pd.read_csv(run_dir / "steps.csv")
     records = pd.read_parquet(run_dir / "requests.parquet")
     assert [t["users"] for t in timeline] == [1, 4, 16]
-    assert [t["end_reason"] for t in timeline] == ["ci_target"] * 3, [t.get("end_check") for t in timeline]
-    assert list(steps["end_reason"]) == ["ci_target"] * 3
+    # Each step ends by its interval or, flagged, by the maximum: on this 2-core machine the CPU server's throughput
+    # can drift by tens of percent over a minute (seen: a 4-user step's 3-s bins from 7.3 k to 11.3 k tokens, ±8 %
+    # after 60 s), and then the suite must say so rather than claim 5 %. Most steps end by the target.
+    reasons = [t["end_reason"] for t in timeline]
+    assert set(reasons) <= {"ci_target", "max_duration"} and list(steps["end_reason"]) == reasons
+    assert reasons.count("ci_target") >= 2, [t.get("end_check") for t in timeline]
     ok = records[records["status"] == "ok"]
     ends = (ok["start_time"] + ok["e2e_s"]).to_numpy(float)
-    for t in timeline:
-        assert t["end_time"] - t["start_time"] < MAX_S, t
+    for t, row in zip(timeline, steps.itertuples(index=False)):
         measured = ok[(ok["step"] == t["step"]) & ~ok["warmup"]]
-        assert measured["ttft_s"].notna().sum() >= min_samples_for_quantile(0.95), t
         ci = aggregate_interval(
             ends, ok["output_tokens"].to_numpy(float), t["measure_start"], t["end_time"],
             float(measured["e2e_s"].median()), ok["start_time"].to_numpy(float),
         )  # fmt: skip
-        assert ci.relative_half_width <= TARGET, (t, ci)
-    if "aggregate_tok_s_ci_low" in steps.columns:  # the step table's own interval agrees
-        half = (steps["aggregate_tok_s_ci_high"] - steps["aggregate_tok_s_ci_low"]) / 2
-        assert (half / steps["aggregate_tok_s"] <= TARGET).all(), steps
+        # The step table's own interval is the one the decision judged.
+        assert ci.low == pytest.approx(row.aggregate_tok_s_ci_low)
+        assert ci.high == pytest.approx(row.aggregate_tok_s_ci_high)
+        if t["end_reason"] == "ci_target":
+            assert t["end_time"] - t["start_time"] < MAX_S, t
+            assert measured["ttft_s"].notna().sum() >= min_samples_for_quantile(0.95), t
+            assert ci.relative_half_width <= TARGET, (t, ci)
+        else:  # flagged where it is read
+            assert t["end_time"] - t["start_time"] == pytest.approx(MAX_S, abs=2.0), t
+            assert f"MAX: Step {t['step']} ({t['users']} users) reached --max-step-duration" in proc.stdout
     assert run["finished_at"] - run["started_at"] < 3 * MAX_S + 30
-    assert "Step lengths:" in proc.stdout and proc.stdout.count("interval within target") == 3
+    assert "Step lengths:" in proc.stdout
+    assert proc.stdout.count("interval within target") == reasons.count("ci_target")
