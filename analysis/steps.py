@@ -30,6 +30,8 @@ QUANTILE_INTERVALS = (
     ("tpot_p50_s", "tpot_s", 0.50),
     ("tpot_p95_s", "tpot_s", 0.95),
 )
+# Percentiles without interval columns in steps.csv, still marked when too few requests hold them (TPOT p99 of 40).
+FEW_ONLY = (("tpot_p99_s", "tpot_s", 0.99),)
 TOO_FEW = "too few samples"  # analysis.uncertainty's note for a percentile without an interval
 FEW_MARK = "~"  # the console's mark on a percentile with too few samples for an interval
 
@@ -110,6 +112,9 @@ def interval_columns(
     for column, metric, q in QUANTILE_INTERVALS:
         intervals[column] = ci = quantile_interval(pd.to_numeric(ok[metric], errors="coerce").to_numpy(float), q)
         if ci.note == TOO_FEW:
+            few.append(column)
+    for column, metric, q in FEW_ONLY:
+        if quantile_interval(pd.to_numeric(ok[metric], errors="coerce").to_numpy(float), q).note == TOO_FEW:
             few.append(column)
     for name, ci in intervals.items():
         row[f"{name}_ci_low"], row[f"{name}_ci_high"] = ci.low, ci.high
