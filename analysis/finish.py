@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import __version__ as SUITE_VERSION
-from . import servers
+from . import capacity, servers
 from .adaptive import step_lengths_text
 from .compare import Comparison, compare_runs
 from .diagnosis import Diagnosis, diagnose, worker_lines
@@ -67,6 +67,7 @@ class Outcome:
     files: dict[str, Path] = field(default_factory=dict)  # the files written, by name
     outages: list[Outage] = field(default_factory=list)  # spans of refused connections (analysis.outages)
     comparisons: list[Comparison] = field(default_factory=list)  # --compare: this run against each other one
+    capacity: dict | None = None  # --find-capacity: the search's result (analysis.capacity.result)
 
     @property
     def errors_over_limit(self) -> bool:
@@ -75,6 +76,11 @@ class Outcome:
     @property
     def slo_failed(self) -> bool:
         return self.slo is not None and not self.slo["passed"]
+
+    @property
+    def capacity_found(self) -> bool:
+        """A capacity search found a load meeting every objective (False: even the first probe broke one)."""
+        return self.capacity is not None and self.capacity.get(_capacity_key(self.capacity)) is not None
 
 
 def _git_revision() -> str | None:
@@ -119,6 +125,7 @@ def _summary(outcome: Outcome) -> dict:
         "integrity": outcome.integrity,
         "server_profile": run.get("server_profile"),
         "slo": outcome.slo,
+        "capacity": outcome.capacity,
         "ceiling": outcome.ceiling,
         "workers": run.get("workers") or [],
         "server_version": run.get("server_version"),
@@ -150,11 +157,15 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
     ]
     echo(_section("Diagnosis", lines))
     gate = slo_gate(run_dir, full, run)  # the per-chunk lists are still here, for ITL objectives
+    found = _capacity(run, full, timeline, table, diagnosis)
     records = full[REQUEST_COLUMNS]  # the rest needs no per-chunk lists: most of a long run's data
     del full
     check = integrity(records, metrics, single_model(records), servers.of_run(run))  # the counters it speaks
     echo(_section("Integrity check", check["text"]))
-    if gate is not None:
+    if found is not None:
+        # The search's probes beyond the capacity broke objectives on purpose: its result replaces the gate.
+        echo(_section("Capacity", capacity_lines(found)))
+    elif gate is not None:
         echo(_section("SLO gate", gate["text"]))
     ceiling = efficiency_ceiling(run_dir, table, run)
     if ceiling is not None:
@@ -176,9 +187,41 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
         ceiling=ceiling,
         errors=errors,
         outages=outages,
+        capacity=found,
     )
     outcome.summary = _summary(outcome)
     return outcome
+
+
+def _capacity_key(result: dict) -> str:
+    return "max_users" if result.get("mode") == capacity.USERS else "max_rate_rps"
+
+
+def _capacity(run: dict, records: pd.DataFrame, timeline: list[dict], table: pd.DataFrame, diagnosis) -> dict | None:
+    """--find-capacity: every probe judged again on the complete records, and the search's result; None otherwise."""
+    options = run.get("options") or {}
+    mode = str(options.get("find_capacity") or "").strip()
+    if mode not in capacity.MODES or not options.get("slo") or not len(table):
+        return None
+    probes = capacity.probes_of_run(records, timeline, table, mode, options["slo"])
+    limit = next((t["capacity_limit"] for t in timeline if t.get("capacity_limit")), None)
+    return capacity.result(mode, probes, options["slo"], table, diagnosis.binding, limit)
+
+
+def capacity_lines(result: dict) -> list[str]:
+    """The console's Capacity section: the result's sentence, then each probe in the order it ran."""
+    mode = result["mode"]
+    key = "users" if mode == capacity.USERS else "rate_rps"
+    lines = [result["line"]]
+    if result.get("limit") is None:
+        lines.append("The search did not finish (the run was stopped first): this is the best found so far.")
+    for p in result["probes"]:
+        checks = ", ".join(
+            f"{name} {c['verdict']}" + ("" if c.get("note") != capacity.FEW else " (few samples)")
+            for name, c in p["objectives"].items()
+        )
+        lines.append(f"Probe {p['probe']}: {capacity.load_text(p[key], mode)}: {p['verdict']} ({checks})")
+    return lines
 
 
 def finish_run(

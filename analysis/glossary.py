@@ -744,7 +744,8 @@ _UNCERTAINTY_COLUMNS = [
     *_ci_pair("tpot_p95_s", "TPOT p95", "s", "ms1", _ORDER_STATS, "tpot_s", web_fmt="ms2"),
     Column("few_samples", UNCERTAINTY, "text", "The step's percentile columns with too few samples for an interval: "
            "their value is a rough guess, marked ~ on the console.", "names, space-separated, of the percentiles "
-           "with intervals whose n < 10 / (1 - q) (20 for p50, 200 for p95, 1000 for p99); empty when none",
+           "with intervals (and TPOT p99) whose n < 10 / (1 - q) (20 for p50, 200 for p95, 1000 for p99); empty "
+           "when none",
            label="Too few samples", fmt="text"),
     Column("aggregate_tok_s_first_half", UNCERTAINTY, "tokens/s", "Aggregate throughput over the first half of the "
            "step's measured window.", "output tokens of the ok requests completed in [measure_start, mid) / "
@@ -774,6 +775,8 @@ _STEP_END_COLUMNS = [
            "interval within --ci-target with enough TTFT samples), max_duration (it reached --max-step-duration "
            "first: flagged), fixed (--step-duration elapsed), run_stopped (the run was stopped first).",
            "run.json's timeline entry of the step", label="End reason", fmt="text"),
+    Column("probe", STEP_END, "count", "The order in which the probes of a capacity search (--find-capacity) ran, from "
+           "1; empty in a run of fixed steps.", "run.json's timeline entry of the step", label="Probe", fmt="int"),
 ]  # fmt: skip
 
 # requests.parquet: one row per request, in analysis/records.py SCHEMA's order.

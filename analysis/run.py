@@ -58,7 +58,12 @@ def compute_table(
     # the server quantiles' bounds and why each step ended: steps.csv only gains columns at its end.
     tail = OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS + [c for c in SERVER_BOUND_COLUMNS if c in table.columns]
     table = table[[c for c in table.columns if c not in tail] + tail]
-    return table.assign(end_reason=end_reasons(table["step"].tolist(), timeline))
+    steps = table["step"].tolist()
+    probes = {int(t["step"]): t.get("probe") for t in timeline if "step" in t}
+    return table.assign(
+        end_reason=end_reasons(steps, timeline),
+        probe=pd.array([probes.get(int(s)) if str(s).lstrip("-").isdigit() else None for s in steps], dtype="Int64"),
+    )
 
 
 def merged(run_dir: Path, write: bool = True) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:

@@ -123,7 +123,8 @@ class OpenAIStreamingUser(User):
         env = self.environment
         opts = env.parsed_options
         self.run = env.vllm_loadtest
-        self.open_loop = bool(getattr(opts, "rates", ""))
+        # --rates, or a capacity search over rates: each probe is a rate step.
+        self.open_loop = bool(getattr(opts, "rates", "")) or getattr(opts, "find_capacity", "") == "rate"
         self._slot: Slot | None = None
         self.model = self.run.model(self.host)
         self.endpoint = opts.endpoint

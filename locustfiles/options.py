@@ -11,7 +11,7 @@ import os
 
 from locust.util.timespan import parse_timespan
 
-from ..analysis import servers
+from ..analysis import capacity, servers
 from ..analysis.adaptive import AUTO, DEFAULT_CI_TARGET, DEFAULT_MAX_STEP_DURATION, parse_ci_target
 from ..analysis.run import parse_rate
 from ..analysis.schedule import ARRIVALS, DEFAULT_ARRIVAL, parse_rates
@@ -178,8 +178,45 @@ def add_arguments(parser) -> None:
         type=int,
         default=DEFAULT_MAX_USERS,
         env_var="LOCUST_MAX_USERS",
-        help="With --rates: the pool of users that send the scheduled requests (at most this many in flight); a "
-        "request whose time comes while all are busy is sent late, and its lateness recorded",
+        help="With --rates (or --find-capacity rate): the pool of users that send the scheduled requests (at most "
+        "this many in flight); a request whose time comes while all are busy is sent late, and its lateness "
+        "recorded. With --find-capacity users: the most users probed",
+    )
+    parser.add_argument(
+        "--find-capacity",
+        default="",
+        choices=["", *capacity.MODES],
+        env_var="LOCUST_FIND_CAPACITY",
+        help="Search for the highest load meeting every --slo objective instead of running --steps: users (closed "
+        "loop) or rate (open loop, with --arrival and --seed). Probes double from --start-users / --start-rate "
+        "until an objective breaks, then bisect to --capacity-resolution; each probe is a step",
+    )
+    parser.add_argument(
+        "--start-users",
+        type=int,
+        default=capacity.DEFAULT_START_USERS,
+        env_var="LOCUST_START_USERS",
+        help="With --find-capacity users: the first probe's users (the probes stop at --max-users)",
+    )
+    parser.add_argument(
+        "--start-rate",
+        default=capacity.DEFAULT_START_RATE,
+        env_var="LOCUST_START_RATE",
+        help="With --find-capacity rate: the first probe's requests/s",
+    )
+    parser.add_argument(
+        "--max-rate",
+        default="",
+        env_var="LOCUST_MAX_RATE",
+        help="With --find-capacity rate: the highest rate probed (requests/s). Default: no limit but the SLOs and "
+        "the throughput",
+    )
+    parser.add_argument(
+        "--capacity-resolution",
+        default=capacity.DEFAULT_RESOLUTION,
+        env_var="LOCUST_CAPACITY_RESOLUTION",
+        help="With --find-capacity: bisect until the highest passing and the lowest failing probe are this close, "
+        "relative to the passing one (e.g. 10%%; never finer than 1 user)",
     )
     parser.add_argument(
         "--step-duration",
@@ -344,6 +381,7 @@ def check(options: argparse.Namespace) -> None:
         if options.max_users < 1:
             raise ValueError(f"--max-users {options.max_users} must be at least 1")
     check_step_length(options)
+    check_capacity(options)
     if options.max_tokens < 1:
         raise ValueError(f"--max-tokens {options.max_tokens} must be at least 1")
     if options.scrape_interval <= 0:
@@ -374,6 +412,45 @@ def check(options: argparse.Namespace) -> None:
         from ..analysis.slo import parse_slo
 
         parse_slo(options.slo)
+
+
+def check_capacity(options: argparse.Namespace) -> None:
+    """--find-capacity needs --slo and replaces --steps and --rates; its start, maximum and resolution are numbers.
+    The capacity options without --find-capacity are refused, as the run would not do what they say."""
+    mode = str(getattr(options, "find_capacity", "") or "").strip()
+    if not mode:
+        for name, attr, default in (
+            ("--start-users", "start_users", capacity.DEFAULT_START_USERS),
+            ("--start-rate", "start_rate", capacity.DEFAULT_START_RATE),
+            ("--max-rate", "max_rate", ""),
+            ("--capacity-resolution", "capacity_resolution", capacity.DEFAULT_RESOLUTION),
+        ):
+            value = getattr(options, attr, default)
+            if str(value).strip() != str(default):
+                raise ValueError(f"{name} {value} only applies with --find-capacity; add --find-capacity users|rate")
+        return
+    if mode not in capacity.MODES:  # the web UI's form hands back free text
+        raise ValueError(f"--find-capacity {mode!r} is not one of {', '.join(capacity.MODES)}")
+    if not getattr(options, "slo", ""):
+        raise ValueError(
+            f"--find-capacity {mode} needs objectives to search against; add e.g. --slo ttft_p95=500ms,tpot_p95=50ms"
+        )
+    if options.steps != DEFAULT_STEPS:
+        raise ValueError(f"--find-capacity chooses the loads itself: drop --steps {options.steps}")
+    if getattr(options, "rates", ""):
+        raise ValueError(f"--find-capacity chooses the loads itself: drop --rates {options.rates}")
+    capacity.parse_resolution(options.capacity_resolution)
+    start = int(getattr(options, "start_users", capacity.DEFAULT_START_USERS) or 0)
+    if start < 1:
+        raise ValueError(f"--start-users {start} must be at least 1")
+    if mode == capacity.USERS and start > options.max_users:
+        raise ValueError(f"--start-users {start} is above --max-users {options.max_users}")
+    rate = capacity.parse_load(options.start_rate, "--start-rate")
+    if rate is None:
+        raise ValueError("--start-rate is empty; use e.g. --start-rate 1")
+    maximum = capacity.parse_load(getattr(options, "max_rate", ""), "--max-rate")
+    if mode == capacity.RATE and maximum is not None and rate > maximum:
+        raise ValueError(f"--start-rate {options.start_rate} is above --max-rate {options.max_rate}")
 
 
 def check_server_type(options: argparse.Namespace, server_type: str | None = None) -> None:

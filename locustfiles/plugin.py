@@ -88,6 +88,11 @@ SAVED_OPTIONS = [
     "rates",
     "arrival",
     "max_users",
+    "find_capacity",
+    "start_users",
+    "start_rate",
+    "max_rate",
+    "capacity_resolution",
     "step_duration",
     "step_warmup",
     "max_step_duration",
@@ -309,7 +314,8 @@ class RunContext:
 
     def on_quitting(self, environment, **_kw) -> None:
         """The process exit code: 0 ok, 1 errors over --max-error-rate or a broken --slo (headless), 2 the tool
-        crashed, 3 bad input."""
+        crashed, 3 bad input; with --find-capacity, 0 when a capacity was found, 1 when even the first probe broke
+        an objective."""
         if environment.process_exit_code is not None or not self.is_controller:
             return  # already decided (bad input), or a worker: the master's code is the run's
         if locust.log.unhandled_greenlet_exception or environment.runner.exceptions:
@@ -317,7 +323,13 @@ class RunContext:
             environment.process_exit_code = EXIT_CRASH
         elif self.outcome is not None:
             # A broken SLO fails a headless run (a pipeline's gate); in the web UI it is shown, not an exit code.
-            slo_failed = self.outcome.slo_failed and environment.parsed_options.headless
+            headless = environment.parsed_options.headless
+            if self.outcome.capacity is not None:
+                # A capacity search breaks objectives (and may fail requests) beyond the capacity on purpose: its
+                # verdict is whether any load met them all.
+                environment.process_exit_code = EXIT_OK if self.outcome.capacity_found or not headless else EXIT_ERRORS
+                return
+            slo_failed = self.outcome.slo_failed and headless
             over = self.outcome.errors_over_limit
             environment.process_exit_code = EXIT_ERRORS if over or slo_failed else EXIT_OK
 
@@ -395,6 +407,8 @@ def register(environment) -> RunContext:
     if ctx.is_controller:  # --step-duration auto: the shape's live view of the current step
         events.llm_request.add_listener(ctx.tracker.adaptive.on_record)
         getattr(events, RECORDS_EVENT).add_listener(ctx.tracker.adaptive.on_lines)
+        events.llm_request.add_listener(ctx.tracker.capacity.on_record)  # --find-capacity: the running probe
+        getattr(events, RECORDS_EVENT).add_listener(ctx.tracker.capacity.on_lines)
     events.quitting.add_listener(ctx.on_quitting)
     if getattr(environment, "web_ui", None) is not None and ctx.is_controller:
         # Registered after the run context: its test_start resolves the run directory the tab reads, and its

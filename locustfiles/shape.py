@@ -12,13 +12,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from locust import LoadTestShape
 from locust.runners import MasterRunner, WorkerRunner
 
-from ..analysis import adaptive
+from ..analysis import adaptive, capacity
 from ..analysis.schedule import parse_rates
+from ..analysis.slo import parse_slo
 from .distributed import SHIP_INTERVAL_S
 from .openloop import OpenLoopPlan
 from .options import parse_duration, parse_step_duration, parse_steps
@@ -49,6 +50,7 @@ class StepTracker:
         # A master's records arrive up to a shipping interval late (and a little more in transit): it judges the
         # window up to that much before now, so a last batch still on its way does not read as a slump.
         self.adaptive = adaptive.StepAccumulator(lag_s=2 * SHIP_INTERVAL_S if isinstance(runner, MasterRunner) else 0)
+        self.capacity = capacity.ProbeRecords()  # --find-capacity: the running probe's requests
         if isinstance(runner, WorkerRunner):
             runner.register_message(STEP_MESSAGE, self._on_message)
 
@@ -66,20 +68,30 @@ class StepTracker:
         return state.step, state.users, time.perf_counter() < state.measure_from
 
     def begin_step(
-        self, step: int, users: int, warmup_s: float, rate_rps: float | None = None, end_reason: str | None = None
+        self,
+        step: int,
+        users: int,
+        warmup_s: float,
+        rate_rps: float | None = None,
+        end_reason: str | None = None,
+        probe: int | None = None,
     ) -> None:
-        """Start a step; the previous one (still open) ends now, for `end_reason` (analysis/adaptive.END_REASONS)."""
+        """Start a step; the previous one (still open) ends now, for `end_reason` (analysis/adaptive.END_REASONS);
+        `probe`: its order in a capacity search."""
         now = time.time()
         if self.timeline and self.timeline[-1]["end_time"] is None:
             self.timeline[-1]["end_time"] = now
             self.timeline[-1]["end_reason"] = end_reason
         self.adaptive.reset(step)
+        self.capacity.reset(step)
         self.timeline.append(
             {
                 "step": step, "users": users, "start_time": now, "measure_start": now + warmup_s, "end_time": None,
                 "rate_rps": rate_rps,
             }
         )  # fmt: skip
+        if probe is not None:
+            self.timeline[-1]["probe"] = probe
         self.state = StepState(step, users, time.perf_counter() + warmup_s)
         runner = self.environment.runner
         options = self.environment.parsed_options
@@ -109,8 +121,20 @@ class StepTracker:
             if self.on_change:
                 self.on_change(self.timeline)
 
+    def pause(self, reason: str) -> None:
+        """End the running step now, and every load process's schedule with it: between two probes of a capacity
+        search, no request may start that belongs to neither."""
+        self.end(reason)
+        if isinstance(self.environment.runner, MasterRunner):
+            self.environment.runner.send_message(STEP_MESSAGE, {"pause": True})
+        else:
+            self.plan.finish()
+
     def _on_message(self, environment, msg, **_kwargs) -> None:
         data = msg.data
+        if data.get("pause"):
+            self.plan.finish()
+            return
         self.state = StepState(int(data["step"]), int(data["users"]), time.perf_counter() + float(data["warmup_s"]))
         if data.get("rate_rps") is not None:
             ranks = data.get("ranks") or {}
@@ -142,6 +166,8 @@ class StepLoadShape(LoadTestShape):
         self._plan: _Plan | None = None  # re-read options on every start (web UI edits)
         self._index = -1
         self._step_began = 0.0
+        self._draining = False  # --find-capacity: a probe has ended, its users stopped; judged at the next tick
+        self._pending: float | None = None  # --find-capacity rate: the next probe's rate, once its pool is up
 
     def _read_plan(self) -> _Plan:
         opts = self.runner.environment.parsed_options
@@ -155,8 +181,14 @@ class StepLoadShape(LoadTestShape):
             getattr(opts, "max_step_duration", adaptive.DEFAULT_MAX_STEP_DURATION), "--max-step-duration"
         )
         target = adaptive.parse_ci_target(getattr(opts, "ci_target", adaptive.DEFAULT_CI_TARGET))
-        self.runner.environment.vllm_loadtest.tracker.adaptive.active = duration is None
-        return _Plan(steps, duration, warmup, rates, maximum, target)
+        tracker = self.runner.environment.vllm_loadtest.tracker
+        tracker.adaptive.active = duration is None
+        search = _search(opts)
+        tracker.capacity.active = search is not None
+        if search is not None:
+            tracker.capacity.itl = any(o.metric == "itl" for o in search.objectives)
+            steps, rates = [], None  # the loads are chosen probe by probe
+        return _Plan(steps, duration, warmup, rates, maximum, target, search)
 
     def _step_end(self, plan: _Plan, tracker: StepTracker, elapsed_s: float) -> str | None:
         """Why the running step ends now (analysis/adaptive.END_REASONS), or None while it goes on."""
@@ -186,6 +218,70 @@ class StepLoadShape(LoadTestShape):
             )
         return decision.reason
 
+    def _probe_end(self, plan: _Plan, tracker: StepTracker, reason: str | None) -> str | None:
+        """A capacity probe that reached its interval target while an objective's interval still straddles its limit
+        goes on (to --max-step-duration): the search needs a verdict, not a narrow tok/s."""
+        if reason != adaptive.CI_TARGET or plan.search is None or not tracker.timeline:
+            return reason
+        probe = plan.search.judge(tracker)
+        if probe.verdict == capacity.UNCERTAIN:
+            logger.debug("probe %s at %s: uncertain, extended", probe.probe, probe.load)
+            return None
+        return reason
+
+    def _capacity_tick(self, plan: _Plan, tracker: StepTracker, now: float) -> tuple[int, float] | None:
+        """One tick of a capacity search. A probe that ends is closed, its schedule stopped and its users stopped
+        (their requests in flight recorded as cut off, and aborted at the server); one tick later, with its last
+        records arrived, it is judged, and the next probe starts with all its users at once (a rate probe's pool is
+        spawned first, its schedule one tick later). So every probe starts from an idle server, as its own benchmark
+        would, and its verdict does not depend on the path of the search: a fake server of 8 slots met TTFT p95 <=
+        100 ms with 9 users carried over from 10 (their requests had spread out over the slots) and broke it with 9
+        users started together; an overloaded rate probe's backlog slowed the next three probes."""
+        search = plan.search
+        pool = self.runner.environment.parsed_options.max_users
+        if self._pending is not None:  # a rate probe: its pool is up, its schedule starts now
+            load, self._pending = self._pending, None
+            return self._begin_probe(plan, tracker, load, now)
+        if self._draining:
+            self._draining = False
+            entry = tracker.timeline[-1]
+            probe = search.judge(tracker, until=entry["end_time"])
+            search.probes.append(probe)
+            entry["probe_check"] = probe.to_dict(search.mode)  # the live verdict the search acted on
+            logger.info(
+                "Probe %s (%s): %s", probe.probe, capacity.load_text(probe.load, search.mode),
+                probe.verdict + "".join(f"; {c.objective} {c.verdict}" for c in probe.checks),
+            )  # fmt: skip
+        elif self._index >= 0:
+            reason = self._probe_end(plan, tracker, self._step_end(plan, tracker, now - self._step_began))
+            entry = tracker.timeline[-1]
+            if reason is None:
+                return entry["users"], float(max(100, entry["users"]))
+            tracker.pause(reason)  # the probe's window and schedule end now, before its users stop
+            self._draining = True
+            # Locust stops users at the spawn rate: all of them within this tick, so none sends into the next probe.
+            return 0, float(max(100, entry["users"]))
+        load, limit = capacity.next_load(search.mode, search.probes, search.start, search.maximum, search.resolution)
+        if load is None:
+            if tracker.timeline:
+                tracker.timeline[-1]["capacity_limit"] = limit
+                if tracker.on_change:
+                    tracker.on_change(tracker.timeline)
+            return None
+        if search.mode == capacity.RATE and self._index >= 0:
+            self._pending = load  # spawn the pool now; the schedule starts at the next tick
+            return pool, float(max(100, pool))
+        return self._begin_probe(plan, tracker, load, now)
+
+    def _begin_probe(self, plan: _Plan, tracker: StepTracker, load: float, now: float) -> tuple[int, float]:
+        search = plan.search
+        self._index += 1
+        self._step_began = now
+        users = int(load) if search.mode == capacity.USERS else self.runner.environment.parsed_options.max_users
+        rate = float(load) if search.mode == capacity.RATE else None
+        tracker.begin_step(self._index, users, plan.warmup, rate, probe=len(search.probes) + 1)
+        return users, float(max(100, users))
+
     def tick(self) -> tuple[int, float] | None:
         if getattr(self, "_plan", None) is None:
             self._plan = self._read_plan()
@@ -195,6 +291,8 @@ class StepLoadShape(LoadTestShape):
         # Each step is timed from its own beginning, not from the run's start: a master's start() blocks until
         # the workers confirm their users (up to seconds), which would otherwise eat into the following steps.
         now = time.monotonic()
+        if plan.search is not None:
+            return self._capacity_tick(plan, tracker, now)
         reason = self._step_end(plan, tracker, now - self._step_began) if self._index >= 0 else None
         if self._index < 0 or reason is not None:
             self._index += 1
@@ -209,6 +307,41 @@ class StepLoadShape(LoadTestShape):
         return users, float(max(100, users))
 
 
+@dataclass
+class _Search:
+    """A capacity search's settings and the probes judged so far (--find-capacity)."""
+
+    mode: str
+    objectives: list
+    start: float
+    maximum: float | None
+    resolution: float
+    probes: list = field(default_factory=list)
+
+    def judge(self, tracker: StepTracker, until: float | None = None) -> capacity.Probe:
+        """The last probe over its window up to `until` (its end), or as measured until now (a master: until a
+        shipping interval ago)."""
+        entry = tracker.timeline[-1]
+        load = float(entry["rate_rps"]) if self.mode == capacity.RATE else float(entry["users"])
+        end = until if until is not None else time.time() - tracker.adaptive.lag_s
+        return tracker.capacity.judge(len(self.probes) + 1, load, self.objectives, entry["measure_start"], end)
+
+
+def _search(opts) -> _Search | None:
+    """The capacity search the options ask for, or None (a run of --steps or --rates)."""
+    mode = str(getattr(opts, "find_capacity", "") or "").strip()
+    if not mode:
+        return None
+    if mode == capacity.USERS:
+        start, maximum = float(opts.start_users), float(opts.max_users)
+    else:
+        start, maximum = (
+            capacity.parse_load(opts.start_rate, "--start-rate"),
+            capacity.parse_load(opts.max_rate, "--max-rate"),
+        )
+    return _Search(mode, parse_slo(opts.slo), start, maximum, capacity.parse_resolution(opts.capacity_resolution))
+
+
 @dataclass(frozen=True)
 class _Plan:
     """The shape's options, read at each start (the web UI's form may have changed them)."""
@@ -219,3 +352,4 @@ class _Plan:
     rates: list[float] | None
     max_duration: float
     target: float
+    search: _Search | None = None  # --find-capacity: the loads come from the search, probe by probe
