@@ -46,6 +46,7 @@ LIMIT_SLO = "slo"  # an objective broke (or could not be shown to hold): bisecte
 LIMIT_THROUGHPUT = "throughput"  # the last doubling added no throughput: the server is saturated
 LIMIT_MAX = "max_load"  # --max-users / --max-rate reached with every objective met
 FEW = "too few samples for an interval: judged on its value"
+_LISTS = b',"chunk_offsets_s"'  # where a record's per-chunk lists begin (RequestRecord's field order)
 
 
 def parse_resolution(text: str) -> float:
@@ -302,9 +303,16 @@ class ProbeRecords:
         if not self.active:
             return
         for line in lines.splitlines():
+            # Without an ITL objective only the fields before the per-chunk lists are read (most of a record's bytes
+            # are its lists): the master parses every record every worker ships.
+            cut = -1 if self.itl else line.find(_LISTS)
             try:
-                self.add(orjson.loads(line))
-            except (orjson.JSONDecodeError, TypeError, KeyError, ValueError):
+                try:
+                    r = orjson.loads(line[:cut] + b"}" if cut > 0 else line)
+                except orjson.JSONDecodeError:  # a field moved after the lists: the whole line
+                    r = orjson.loads(line)
+                self.add(r)
+            except (orjson.JSONDecodeError, TypeError, KeyError, ValueError, AttributeError):
                 continue  # not a record of this suite's: the merge at the end reports unreadable lines
 
     def judge(self, probe: int, load: float, objectives: Sequence[Objective], window_start: float, now: float) -> Probe:
