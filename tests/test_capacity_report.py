@@ -2,77 +2,37 @@
 order it ran, the probe path on the batching curve), load-ordered lines in every chart over steps, summary.md led by
 the capacity instead of the SLO gate, and the probe column on the console and in the web UI's rows.
 
-A synthetic run directory with known answers (no Locust): probes at 1, 2, 4, 8, 6, 5 users, in that order; TTFT is
-20 ms up to 5 users and 300 ms from 6, so with --slo ttft_p95=100ms the capacity is 5 users and 6 users fail."""
+On a synthetic run directory with known answers, finished by analysis.finish (tests/helpers/capacity_run.py): probes
+at 1, 2, 4, 8, 6, 5 users, in that order; the capacity is 5 users and 6 users fail."""
 
 from __future__ import annotations
 
 import html
-import json
 import math
 import re
 
-import numpy as np
 import pandas as pd
 import pytest
 from vllm_loadtest.analysis import capacity
 from vllm_loadtest.analysis.finish import finish_run
 from vllm_loadtest.analysis.live import live_table
-from vllm_loadtest.analysis.records import RecordWriter, RequestRecord
 from vllm_loadtest.analysis.report import _batching_curve, _capacity_figure, _capacity_html, _latencies
 from vllm_loadtest.analysis.slo import parse_slo
 from vllm_loadtest.analysis.steps import format_table
 
-from tests.helpers.records import rec
+from tests.helpers.capacity_run import LOADS, STEP_S, T0, write_capacity_run
 
 pytestmark = pytest.mark.unit
-
-T0 = 1_700_000_000.0
-LOADS = [1, 2, 4, 8, 6, 5]  # the order the probes ran in: doubling, then bisecting between 4 and 8
-STEP_S, WARMUP_S, PER_STEP = 10.0, 1.0, 260  # over 200 measured: a p95 interval
-
-
-def ttft_at(users: int) -> float:
-    return 0.02 if users <= 5 else 0.3
-
-
-def write_run(run_dir, searched: bool = True):
-    """A finished run directory: records/local.jsonl and run.json, a capacity search's (`searched`) or the same steps
-    as a plain --slo run."""
-    rng = np.random.default_rng(16)
-    writer = RecordWriter(run_dir / "records" / "local.jsonl")
-    timeline, i = [], 0
-    for step, users in enumerate(LOADS):
-        start = T0 + step * STEP_S
-        entry = {"step": step, "users": users, "rate_rps": None, "start_time": start,
-                 "measure_start": start + WARMUP_S, "end_time": start + STEP_S, "end_reason": "fixed"}  # fmt: skip
-        if searched:
-            entry["probe"] = step + 1
-        timeline.append(entry)
-        for t in np.linspace(start + 0.1, start + STEP_S - 1.0, PER_STEP):
-            ttft = ttft_at(users) * (1 + 0.05 * rng.random())
-            row = rec(i, step, users, float(t), ttft, 8 * users, 0.005, warmup=bool(t < start + WARMUP_S))
-            writer.write(RequestRecord(**row))
-            i += 1
-    writer.close()
-    if searched:
-        timeline[-1]["capacity_limit"] = capacity.LIMIT_SLO
-    options = {"host": "http://fake", "slo": "ttft_p95=100ms", "max_error_rate": "0"}
-    if searched:
-        options["find_capacity"] = "users"
-    run = {"started_at": T0, "finished_at": T0 + len(LOADS) * STEP_S, "timeline": timeline, "options": options}
-    (run_dir / "run.json").write_text(json.dumps(run))
-    return run_dir
 
 
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
-    return finish_run(write_run(tmp_path_factory.mktemp("capacity")))
+    return finish_run(write_capacity_run(tmp_path_factory.mktemp("capacity")))
 
 
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
-    return finish_run(write_run(tmp_path_factory.mktemp("plain"), searched=False))
+    return finish_run(write_capacity_run(tmp_path_factory.mktemp("plain"), searched=False))
 
 
 def test_the_synthetic_search_finds_5_users_and_6_fail(searched):
