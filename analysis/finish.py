@@ -246,7 +246,9 @@ def finish_run(
     for comparison in outcome.comparisons:
         say(_section("Comparison", comparison.lines()))
     files = {STEPS_FILE: run_dir / STEPS_FILE}
-    files[SUMMARY_MD_FILE] = write_summary_md(run_dir, outcome.table, outcome.slo, outcome.diagnosis_lines, outcome.run)
+    files[SUMMARY_MD_FILE] = write_summary_md(
+        run_dir, outcome.table, outcome.slo, outcome.diagnosis_lines, outcome.run, outcome.capacity
+    )
     files[SUMMARY_FILE] = run_dir / SUMMARY_FILE
     files[SUMMARY_FILE].write_text(json.dumps(outcome.summary, indent=2, default=str))
     say(f"\nResults: {run_dir / REQUESTS_FILE}, {run_dir / STEPS_FILE}")

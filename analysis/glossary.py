@@ -776,7 +776,8 @@ _STEP_END_COLUMNS = [
            "first: flagged), fixed (--step-duration elapsed), run_stopped (the run was stopped first).",
            "run.json's timeline entry of the step", label="End reason", fmt="text"),
     Column("probe", STEP_END, "count", "The order in which the probes of a capacity search (--find-capacity) ran, from "
-           "1; empty in a run of fixed steps.", "run.json's timeline entry of the step", label="Probe", fmt="int"),
+           "1; empty in a run of fixed steps.", "run.json's timeline entry of the step", label="Probe", header="probe",
+           fmt="int"),
 ]  # fmt: skip
 
 # requests.parquet: one row per request, in analysis/records.py SCHEMA's order.
@@ -856,7 +857,7 @@ STEP_TABLE: dict[str, Column] = {
 
 # The web UI's LLM tab, in the order shown.
 WEB_UI = [
-    "scope", "step", "users", "rate_rps", "requests", "errors", "aggregate_tok_s", "per_request_tok_s_mean",
+    "scope", "step", "probe", "users", "rate_rps", "requests", "errors", "aggregate_tok_s", "per_request_tok_s_mean",
     "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "tpot_p95_s", "schedule_lag_p99_s",
     "kv_cache_usage", "running", "waiting", "stable", "outlier",
 ]  # fmt: skip

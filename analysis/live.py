@@ -71,7 +71,13 @@ def live_table(records: pd.DataFrame, timeline: list[dict], now: float) -> tuple
     timeline = close_open_steps(timeline, now)
     if not timeline or records.empty:
         return pd.DataFrame(), {}
-    return step_table(records, timeline), run_row(records, timeline)
+    table = step_table(records, timeline)
+    probes = {int(t["step"]): t["probe"] for t in timeline if t.get("probe") is not None and "step" in t}
+    if probes and len(table):  # a capacity search: each step's probe number (steps.csv's probe)
+        table = table.assign(
+            probe=[probes.get(int(s)) if str(s).lstrip("-").isdigit() else None for s in table["step"]]
+        )
+    return table, run_row(records, timeline)
 
 
 def latest_gauges(samples: list[tuple[str, dict, float]] | None, model: str | None = None) -> dict[str, float]:

@@ -139,9 +139,15 @@ def slo_gate(run_dir: Path, records: pd.DataFrame | None = None, run: dict | Non
 
 
 def write_summary_md(
-    run_dir: Path, table: pd.DataFrame, gate: dict | None, diagnosis: list[str], run: dict | None = None
+    run_dir: Path,
+    table: pd.DataFrame,
+    gate: dict | None,
+    diagnosis: list[str],
+    run: dict | None = None,
+    capacity: dict | None = None,
 ) -> Path:
-    """summary.md, for a CI job summary: the step table, the SLO verdict (when --slo was given), the diagnosis."""
+    """summary.md, for a CI job summary: the step table, the SLO verdict (when --slo was given), the diagnosis; in a
+    capacity search (`capacity`: analysis.capacity.result) its result first, and each probe's verdict."""
     from .slo import markdown_summary
 
     run = read_run(run_dir) if run is None else run
@@ -151,8 +157,17 @@ def write_summary_md(
     )
     judged = pd.DataFrame(gate["steps"]) if gate else None
     lines = gate["text"] if gate else ["No --slo given: no gate."]
+    if capacity is not None:
+        # The probes beyond the capacity break objectives on purpose: the gate's FAILED is not the run's verdict.
+        lines = [capacity["line"]]
+        if capacity.get("limit") is None:
+            lines.append("The search did not finish (the run was stopped first): this is the best found so far.")
+        lines.append(
+            "A capacity search: the probes beyond the capacity break the objectives on purpose, so the SLO gate does "
+            "not judge this run; `verdict` is each probe's, on its objectives' 95 % intervals."
+        )
     path = Path(run_dir) / SUMMARY_MD_FILE
-    path.write_text(markdown_summary(title, table, judged, lines, diagnosis), encoding="utf-8")
+    path.write_text(markdown_summary(title, table, judged, lines, diagnosis, capacity), encoding="utf-8")
     return path
 
 

@@ -176,23 +176,37 @@ def verdict_lines(result: dict, objectives: list[Objective]) -> list[str]:
 
 
 def markdown_summary(
-    title: str, table: pd.DataFrame, judged: pd.DataFrame | None, lines: list[str], diagnosis: list[str]
+    title: str,
+    table: pd.DataFrame,
+    judged: pd.DataFrame | None,
+    lines: list[str],
+    diagnosis: list[str],
+    capacity: dict | None = None,
 ) -> str:
-    """summary.md: a short Markdown page for a CI job summary (e.g. appended to $GITHUB_STEP_SUMMARY)."""
+    """summary.md: a short Markdown page for a CI job summary (e.g. appended to $GITHUB_STEP_SUMMARY); a capacity
+    search's table leads with each step's probe number and ends with the probe's verdict."""
     out = [f"## {title}", ""]
     out += [f"- {line}" for line in lines]
-    head = ["users", "requests", "errors", "tok/s", "TTFT p95", "TPOT p95", "E2E mean"]
+    probes = "probe" in table.columns and bool(table["probe"].notna().any())
+    rates = "rate_rps" in table.columns and len(table) > 0 and bool(table["rate_rps"].notna().all())
+    verdicts = {int(p["step"]): p.get("verdict") for p in (capacity or {}).get("probes") or []}
+    head = (["probe"] if probes else []) + ["users"] + (["req/s"] if rates else [])
+    head += ["requests", "errors", "tok/s", "TTFT p95", "TPOT p95", "E2E mean"]
     has_goodput = judged is not None and len(judged) == len(table)
     if has_goodput:
         head += ["goodput", "SLOs"]
+    if capacity is not None:
+        head += ["verdict"]
     out += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def ms(v: float) -> str:
         return "-" if v is None or math.isnan(v) else f"{v * 1000:.1f} ms"
 
     for i, r in enumerate(table.itertuples(index=False)):
+        lead = [("-" if pd.isna(r.probe) else str(int(r.probe)))] if probes else []
+        load = [str(r.users)] + ([f"{float(r.rate_rps):g}"] if rates else [])
         cells = [
-            str(r.users), str(r.requests), str(r.errors),
+            *lead, *load, str(r.requests), str(r.errors),
             "-" if math.isnan(r.aggregate_tok_s) else f"{r.aggregate_tok_s:.1f}",
             ms(r.ttft_p95_s), ms(r.tpot_p95_s), ms(r.e2e_mean_s),
         ]  # fmt: skip
@@ -200,6 +214,9 @@ def markdown_summary(
             g = judged.iloc[i]
             goodput = "-" if math.isnan(g["goodput"]) else f"{g['goodput']:.1%}"
             cells += [goodput, "met" if g["meets_all"] else "**broken**"]
+        if capacity is not None:
+            verdict = verdicts.get(int(r.step)) if str(r.step).lstrip("-").isdigit() else None
+            cells.append("-" if verdict is None else (verdict if verdict == "pass" else f"**{verdict}**"))
         out.append("| " + " | ".join(cells) + " |")
     if diagnosis:
         out += ["", "**Diagnosis**", "", *[f"- {d}" for d in diagnosis]]

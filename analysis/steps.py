@@ -253,6 +253,12 @@ def format_table(table: pd.DataFrame) -> str:
             rows[0].append(column.header)
             for row, value in zip(rows[1:], table[name]):
                 row.append(column.flag if is_suspect(value) else "")
+    if "probe" in table.columns and table["probe"].notna().any():
+        # A capacity search: the order its probes ran in, since the steps are not in load order (1, 2, 4, 8, 16, 12).
+        probe = glossary.STEP_TABLE["probe"]
+        rows[0].append(probe.header)
+        for row, value in zip(rows[1:], table["probe"]):
+            row.append(probe.show(value))
     out = [glossary.SECTIONS[glossary.STEP].title, *glossary.aligned(rows)]
     if "kv_cache_usage_max" in table.columns and table["kv_cache_usage_max"].notna().any():
         out += ["", *glossary.console_table(table, glossary.SERVER)]

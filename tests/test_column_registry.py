@@ -169,7 +169,7 @@ def test_the_web_ui_columns_keep_their_keys_and_titles():
     from vllm_loadtest.locustfiles.webui import COLUMNS, _row
 
     assert COLUMNS == [
-        ("scope", "Scope"), ("step", "Step"), ("users", "Users"), ("rate_rps", "Rate (req/s)"),
+        ("scope", "Scope"), ("step", "Step"), ("probe", "Probe"), ("users", "Users"), ("rate_rps", "Rate (req/s)"),
         ("requests", "Requests ok"), ("errors", "Errors"), ("aggregate_tok_s", "Aggregate tok/s"),
         ("per_request_tok_s", "Per-request tok/s"), ("ttft_p50_ms", "TTFT p50 (ms)"), ("ttft_p95_ms", "TTFT p95 (ms)"),
         ("ttft_p99_ms", "TTFT p99 (ms)"), ("tpot_p50_ms", "TPOT p50 (ms)"), ("tpot_p95_ms", "TPOT p95 (ms)"),
@@ -182,7 +182,7 @@ def test_the_web_ui_columns_keep_their_keys_and_titles():
     assert row["scope"] == "whole run" and row["step"] == "all" and row["requests"] == "10"
     assert row["ttft_p50_ms"] == "20.5" and row["tpot_p50_ms"] == "5.00" and row["rate_rps"] == "2.00"
     assert row["schedule_lag_p99_ms"] == "-" and row["errors"] == "-" and row["kv_cache_usage"] == "25%"
-    assert row["running"] == "2" and row["waiting"] == "-"
+    assert row["running"] == "2" and row["waiting"] == "-" and row["probe"] == "-"  # not a capacity search
 
 
 @pytest.mark.unit
