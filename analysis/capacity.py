@@ -357,7 +357,13 @@ def probes_of_run(
 
 
 def result(
-    mode: str, probes: Sequence[Probe], spec: str, table: pd.DataFrame, binding: dict[int, str], limit: str | None
+    mode: str,
+    probes: Sequence[Probe],
+    spec: str,
+    table: pd.DataFrame,
+    binding: dict[int, str],
+    limit: str | None,
+    resolution: float | None = None,
 ) -> dict:
     """summary.json's `capacity`: the highest passing load below the lowest failing one, the first failing probe
     with the objectives it broke (or could not be shown to meet), what binds there, whether it is uncertain, and
@@ -381,7 +387,11 @@ def result(
         "first_failing": None,
         "binding": None,
         "uncertain": bool(first_failing is not None and first_failing.verdict == UNCERTAIN),
-        "resolution_met": None,
+        # The bracket [capacity, first failing] within --capacity-resolution (never finer than 1 user); None
+        # without a bracket (nothing passed, or nothing failed).
+        "resolution_met": None
+        if best is None or first_failing is None or resolution is None
+        else bool(first_failing.load - best.load <= max(resolution * best.load, 1.0 if mode == USERS else 0.0)),
         "probes": [p.to_dict(mode) for p in probes],
     }
     if first_failing is not None:

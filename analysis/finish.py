@@ -205,7 +205,11 @@ def _capacity(run: dict, records: pd.DataFrame, timeline: list[dict], table: pd.
         return None
     probes = capacity.probes_of_run(records, timeline, table, mode, options["slo"])
     limit = next((t["capacity_limit"] for t in timeline if t.get("capacity_limit")), None)
-    return capacity.result(mode, probes, options["slo"], table, diagnosis.binding, limit)
+    try:
+        resolution = capacity.parse_resolution(options.get("capacity_resolution") or capacity.DEFAULT_RESOLUTION)
+    except ValueError:
+        resolution = None  # a run.json edited by hand: the bracket is not judged
+    return capacity.result(mode, probes, options["slo"], table, diagnosis.binding, limit, resolution)
 
 
 def capacity_lines(result: dict) -> list[str]:
