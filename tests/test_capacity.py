@@ -37,6 +37,8 @@ from vllm_loadtest.analysis.capacity import (
 from vllm_loadtest.analysis.slo import parse_slo
 from vllm_loadtest.analysis.uncertainty import Interval
 
+from tests.helpers.badinput import first_error
+
 pytestmark = pytest.mark.unit
 
 TTFT = parse_slo("ttft_p95=100ms")[0]
@@ -283,6 +285,25 @@ def test_a_bad_load_is_one_line_naming_the_option_and_the_fix(text, name):
         parse_load(text, name)
     message = str(e.value)
     assert "\n" not in message and message.startswith(f"{name} ") and f"e.g. {name} 2" in message
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--start-users", "9", "--max-users", "8"], "--start-users 9 is above --max-users 8"),
+        (["--find-capacity", "rate", "--start-rate", "10", "--max-rate", "5"], "--start-rate 10 is above --max-rate 5"),
+        (["--find-capacity", "rate", "--start-rate", " "], "--start-rate is empty; use e.g. --start-rate 1"),
+        (["--capacity-resolution", "10"], "--capacity-resolution '10' must be above 0 and below 100%"),
+    ],
+)
+def test_the_search_options_are_checked_before_any_load(args, expected):
+    mode = [] if "--find-capacity" in args else ["--find-capacity", "users"]
+    assert expected in first_error(*mode, "--slo", "ttft_p95=1s", *args)
+
+
+@pytest.mark.parametrize("args", [["--max-rate", "5"], ["--capacity-resolution", "5%"], ["--start-rate", "2"]])
+def test_search_options_without_the_search_are_refused(args):
+    assert f"{args[0]} {args[1]} only applies with --find-capacity" in first_error(*args)
 
 
 # result() and capacity_line()
