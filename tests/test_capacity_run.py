@@ -49,6 +49,18 @@ def assert_probes_recorded(run_dir: Path, result: dict, key: str) -> pd.DataFram
     return steps
 
 
+def assert_live_decisions_match(run_dir: Path, result: dict) -> None:
+    """The search acted on live verdicts (run.json's timeline, `probe_check`) made on the controller from the
+    records as they arrived (a master: shipped by its workers); judged again on the complete records at the end,
+    every probe has the same verdict, on about as many requests."""
+    timeline = json.loads((run_dir / "run.json").read_text())["timeline"]
+    live = [entry["probe_check"] for entry in sorted(timeline, key=lambda t: t["probe"])]
+    assert [p["verdict"] for p in live] == [p["verdict"] for p in result["probes"]]
+    for seen, final in zip(live, result["probes"], strict=True):
+        assert abs(seen["requests"] - final["requests"]) <= 0.1 * final["requests"], (seen, final)
+    assert timeline[-1]["capacity_limit"] == result["limit"]
+
+
 def test_users_mode_finds_the_8_slots(fake_server, tmp_path):
     server = fake_server(*SLOTS)
     run_dir = tmp_path / "run"
@@ -63,6 +75,7 @@ def test_users_mode_finds_the_8_slots(fake_server, tmp_path):
     assert [p["passed"] for p in result["probes"]] == [True] * 4 + [False] * 4
     assert result["binding"]["resource"] == "KV cache"  # the fake server reports running / slots as its KV cache
     assert_probes_recorded(run_dir, result, "users")
+    assert_live_decisions_match(run_dir, result)
     line = console_capacity(proc.stdout)
     assert line == result["line"]
     assert line.startswith("Capacity: 8 users, the highest load meeting ttft_p95<=100ms; at 9 users ttft_p95 was ")
@@ -155,7 +168,23 @@ def test_a_distributed_search_finds_8_too(fake_server, tmp_path):
     result = capacity_of(run_dir)
     assert result["max_users"] == 8 and result["first_failing"]["users"] == 9, result["line"]
     assert_probes_recorded(run_dir, result, "users")
+    assert_live_decisions_match(run_dir, result)
     assert console_capacity(proc.stdout).startswith("Capacity: 8 users, ")
     records = pd.read_parquet(run_dir / "requests.parquet")
     assert (records["status"] == "ok").sum() == server.get("/stats")["ok"]
     assert records["worker"].nunique() == 2  # both workers sent load
+
+
+def test_probes_of_adaptive_length_find_8_too(fake_server, tmp_path):
+    # --step-duration auto: each probe runs until its interval is narrow (the light ones to --max-step-duration,
+    # short of the 200 samples a p95's interval needs) and is judged the same way.
+    server = fake_server(*SLOTS)
+    run_dir = tmp_path / "run"
+    adaptive = ["--step-duration", "auto", "--max-step-duration", "10s"]
+    proc = locust(*search_args(server, run_dir, "--find-capacity", "users", *adaptive), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = capacity_of(run_dir)
+    assert result["max_users"] == 8 and result["first_failing"]["users"] == 9, result["line"]
+    steps = assert_probes_recorded(run_dir, result, "users")
+    assert set(steps["end_reason"]) <= {"ci_target", "max_duration"} and "ci_target" in set(steps["end_reason"])
+    assert_live_decisions_match(run_dir, result)
