@@ -104,7 +104,10 @@ def _fmt(o: Objective, v: float) -> str:
         return "no data"
     if o.metric == "error_rate":
         return f"{v:.2%}"
-    return f"{v * 1000:.0f} ms" if v < 10 else f"{v:.2f} s"
+    if v >= 10:
+        return f"{v:.2f} s"
+    # Whole milliseconds from 10 ms up; below, two digits: an ITL limit of 0.5 ms must not read "0 ms".
+    return f"{v * 1000:.0f} ms" if v >= 0.01 else f"{v * 1000:.2g} ms"
 
 
 def _range(o: Objective, low: float, high: float) -> str:
