@@ -217,12 +217,15 @@ def load_text(value: float, mode: str) -> str:
 
 
 def _stopped_growing(previous: Probe, last: Probe) -> bool:
-    """The doubling from `previous` to `last` added no throughput: even last's interval high (its value without
-    one) is within KNEE_GAIN of previous's value. A wide interval at a light load never stops the search."""
+    """The doubling from `previous` to `last` added no throughput: even last's interval high is within KNEE_GAIN
+    of previous's interval low (their values without intervals). A wide interval never stops the search, and a
+    previous probe that read high by chance does not either: stopping too early would report too low a capacity,
+    while one more probe only costs its length."""
     if math.isnan(previous.tok_s) or math.isnan(last.tok_s):
         return False
     high = last.tok_s if math.isnan(last.tok_s_high) else last.tok_s_high
-    return high < previous.tok_s * (1 + KNEE_GAIN)
+    low = previous.tok_s if math.isnan(previous.tok_s_low) else previous.tok_s_low
+    return high < low * (1 + KNEE_GAIN)
 
 
 def next_load(

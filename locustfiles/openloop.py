@@ -96,8 +96,10 @@ class OpenLoopPlan:
     def begin(
         self, step: int, users: int, rate_rps: float, warmup_s: float, arrival: str, seed: int | str,
         rank: int = 0, processes: int = 1, now: float | None = None, now_wall: float | None = None,
+        key: str | None = None,
     ) -> None:  # fmt: skip
-        """A rate step begins now: this process sends its share (rate_rps / processes) from now on."""
+        """A rate step begins now: this process sends its share (rate_rps / processes) from now on; `key` replaces
+        the step in the stream's seed (a capacity search keys each probe by its rate)."""
         if step == 0:
             self.reset()  # a new run (the web UI can start one after another)
         now = time.perf_counter() if now is None else now
@@ -105,7 +107,7 @@ class OpenLoopPlan:
         if self._segments:
             self._segments[-1].end = now
         # The seed includes the step, so each step's times are the same whatever happened in the steps before it.
-        times = arrival_times(rate_rps, arrival, f"{seed}:{step}", rank, processes)
+        times = arrival_times(rate_rps, arrival, f"{seed}:{step if key is None else key}", rank, processes)
         self._segments.append(Segment(step, users, rate_rps, now, now_wall, warmup_s, times))
         self._notify()
 

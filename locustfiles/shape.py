@@ -100,6 +100,11 @@ class StepTracker:
             # Sent with the step, not read from the worker's options: a worker holds its own defaults until the
             # spawn message, which comes after the first step's message.
             message.update(arrival=options.arrival, seed=options.seed)
+            if probe is not None:
+                # A probe's arrivals are keyed by its rate, not by its place in the search: the same rate gets the
+                # same times whatever path led to it, so one verdict flipped by noise does not change the later
+                # probes' arrivals too.
+                message["key"] = f"rate={rate_rps:g}"
         if isinstance(runner, MasterRunner):
             if rate_rps is not None:
                 # Each worker sends rate / workers: its rank among the workers now connected interleaves the
@@ -109,7 +114,7 @@ class StepTracker:
                 message["ranks"] = {client_id: rank for rank, client_id in enumerate(ids)}
             runner.send_message(STEP_MESSAGE, message)
         elif rate_rps is not None:
-            self.plan.begin(step, users, rate_rps, warmup_s, options.arrival, options.seed)
+            self.plan.begin(step, users, rate_rps, warmup_s, options.arrival, options.seed, key=message.get("key"))
         if self.on_change:
             self.on_change(self.timeline)
 
@@ -146,7 +151,7 @@ class StepTracker:
                 rank = len(ranks)
             self.plan.begin(
                 int(data["step"]), int(data["users"]), float(data["rate_rps"]), float(data["warmup_s"]),
-                str(data["arrival"]), data["seed"], rank=rank, processes=max(len(ranks), rank + 1),
+                str(data["arrival"]), data["seed"], rank=rank, processes=max(len(ranks), rank + 1), key=data.get("key"),
             )  # fmt: skip
 
 

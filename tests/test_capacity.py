@@ -86,9 +86,15 @@ def test_loads_double_while_every_probe_passes_and_stop_at_the_maximum():
 
 
 def test_a_doubling_that_adds_no_throughput_stops_the_search():
-    tok = {4: (800.0, 760.0, 840.0), 8: (820.0, 790.0, 860.0)}  # 8 users: even the high is under 800 + 10 %
+    tok = {4: (800.0, 760.0, 840.0), 8: (820.0, 790.0, 830.0)}  # 8 users: even its high is under 4's low + 10 %
     path = probes([(4, PASS), (8, PASS)], tok)
     assert next_load(USERS, path, 4, 64, 0.1) == (None, LIMIT_THROUGHPUT)
+
+
+def test_a_previous_probe_that_read_high_by_chance_does_not_stop_the_search():
+    # 4 users read 900 with an interval down to 700: 8 users' 940 (high 980) is not shown to be flat against it.
+    tok = {4: (900.0, 700.0, 1100.0), 8: (940.0, 900.0, 980.0)}
+    assert next_load(USERS, probes([(4, PASS), (8, PASS)], tok), 4, 64, 0.1) == (16, None)
 
 
 def test_a_light_load_with_a_wide_interval_does_not_stop_the_search():
