@@ -28,6 +28,7 @@ import orjson
 import pandas as pd
 from scipy import stats
 
+from .adaptive import MAX_DURATION
 from .glossary import percentile
 from .slo import STATISTICS, Objective, parse_slo
 from .sse import CUT_OFF
@@ -383,11 +384,17 @@ def result(
             "step": first_failing.step,
             "verdict": first_failing.verdict,
             "objectives": {c.objective: c.to_dict() for c in broke},
+            # max_duration: an --step-duration auto probe that ran out of time (the hint then names the maximum)
+            "end_reason": _text_or_none(rows.get(first_failing.step, {}).get("end_reason")),
         }
     if at is not None:
         out["binding"] = _binding(at, rows.get(at.step, {}), binding)
     out["line"] = capacity_line(out, mode, best, first_failing, objectives)
     return out
+
+
+def _text_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _binding(probe: Probe, row: dict, binding: dict[int, str]) -> dict:
@@ -440,7 +447,10 @@ def capacity_line(
     said = "; ".join(c.text(by_name[c.objective]) for c in broke)
     if out["uncertain"]:
         lines = f"Capacity: uncertain between {load_text(best.load, mode)} and {load_text(first_failing.load, mode)}"
+        # A probe already adaptive that straddled its limit until --max-step-duration needs a longer maximum.
+        ran_out = (out.get("first_failing") or {}).get("end_reason") == MAX_DURATION
+        hint = "raise --max-step-duration" if ran_out else "--step-duration auto"
         return (f"{lines}: {load_text(best.load, mode)} meets {spec}; at {load_text(first_failing.load, mode)} {said}, "
-                "too close to its limit to tell (lengthen the probes: --step-duration auto)") + (
+                f"too close to its limit to tell (lengthen the probes: {hint})") + (
             f"; {binding}" if binding else "")  # fmt: skip
     return f"{head}; at {load_text(first_failing.load, mode)} {said}" + (f"; {binding}" if binding else "")
