@@ -57,8 +57,10 @@ def test_users_capacity_stops_where_the_kv_cache_binds_and_names_it(vllm_server,
     broke = failing["objectives"]["ttft_p95"]
     row = steps.loc[failing["step"]]
     # The verdict is on the same requests as the step table's p95.
-    assert broke["value"] == pytest.approx(row["ttft_p95_s"]) and broke["value"] > SLO_S * 0.5, (broke, row)
+    assert broke["value"] == pytest.approx(row["ttft_p95_s"]), (broke, row)
     assert broke["verdict"] in ("fail", "uncertain") and cap["uncertain"] == (broke["verdict"] == "uncertain")
+    if broke["verdict"] == "fail":
+        assert broke["value"] > SLO_S, broke
 
     # Where it broke, vLLM's own metrics show the cache at its limit: full or preempting, with requests waiting.
     assert row["kv_cache_usage_max"] >= KV_FULL or row["preemptions"] > 0, row
@@ -68,11 +70,11 @@ def test_users_capacity_stops_where_the_kv_cache_binds_and_names_it(vllm_server,
     assert binding["kv_cache_usage_max"] == pytest.approx(row["kv_cache_usage_max"])
     assert binding["waiting_max"] == pytest.approx(row["waiting_max"])
     assert binding["preemptions"] == pytest.approx(row["preemptions"])
-    # The diagnosis puts a load generator that could not keep up first (its timings cannot be trusted): on a machine
-    # shared with other work its lag probe can flag every step; otherwise what binds is the KV cache.
-    expected = LOAD_GENERATOR if bool(row["generator_bound"]) else KV_CACHE
-    assert binding["resource"] == expected, (binding, row["generator_bound"])
-    assert summary["diagnosis"]["binding"][str(failing["step"])] == expected
+    # What binds is the KV cache. On a machine shared with other work the load generator's lag probe can flag the
+    # step too (a 3 ms lag p99): the diagnosis then names the generator first, and the capacity says both.
+    generator = bool(row["generator_bound"])
+    assert binding["resource"] == KV_CACHE and binding["load_generator_bound"] is generator, binding
+    assert summary["diagnosis"]["binding"][str(failing["step"])] == (LOAD_GENERATOR if generator else KV_CACHE)
 
     # The console's Capacity section says all of it in one line, then the probe path.
     line = next(s for s in proc.stdout.splitlines() if s.startswith("- Capacity: "))
@@ -82,5 +84,6 @@ def test_users_capacity_stops_where_the_kv_cache_binds_and_names_it(vllm_server,
     else:
         assert line.startswith(f"- Capacity: {best} user"), line
         assert f"at {failing['users']} users ttft_p95 was" in line, line
-    assert f"what binds there: {expected} (" in line and "% KV cache used" in line and "waiting" in line, line
+    assert f"what binds there: {KV_CACHE} (" in line and "% KV cache used" in line and "waiting" in line, line
+    assert ("the load generator was flagged there too" in line) is generator, line
     assert proc.stdout.count("- Probe ") == len(probes)

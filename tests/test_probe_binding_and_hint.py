@@ -1,6 +1,10 @@
-"""An uncertain capacity says how to lengthen its probes: --step-duration auto for fixed probes, a longer
---max-step-duration for adaptive ones that straddled their limit until their maximum (seen against the real vLLM:
-"at 24 users ttft_p95 was 310 ms (CI 160-642 ms)" after 30 s of --step-duration auto)."""
+"""The capacity's sentence, on what the real vLLM showed on a shared 2-core machine.
+
+An uncertain capacity says how to lengthen its probes: --step-duration auto for fixed probes, a longer
+--max-step-duration for adaptive ones that straddled their limit until their maximum ("at 24 users ttft_p95 was
+310 ms (CI 160-642 ms)" after 30 s of --step-duration auto). What binds at the first failing probe is the server's
+resource when its own metrics show it at its limit, even where the load generator's lag probe flagged the step too
+(then the sentence says so); the load generator only when the server had room."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import math
 import pandas as pd
 import pytest
 from vllm_loadtest.analysis import capacity
+from vllm_loadtest.analysis.diagnosis import BATCH_SLOTS, KV_CACHE, LOAD_GENERATOR
 
 pytestmark = pytest.mark.unit
 
@@ -56,3 +61,28 @@ def test_a_run_without_end_reasons_keeps_the_auto_hint():
     out = capacity.result(capacity.USERS, probes(), SPEC, t, {}, capacity.LIMIT_SLO)
     assert out["first_failing"]["end_reason"] is None
     assert "(lengthen the probes: --step-duration auto)" in out["line"]
+
+
+FLAGGED_TOO = "; the load generator was flagged there too (its latencies may read high)"
+
+
+@pytest.mark.parametrize(
+    ("kv", "waiting", "preempted", "generator", "diagnosis", "resource"),
+    [
+        (1.0, 7.0, 952.0, True, LOAD_GENERATOR, KV_CACHE),  # the demo's 15-user probe, lag p99 2.9 ms
+        (0.6, 0.0, 12.0, True, LOAD_GENERATOR, KV_CACHE),  # preempting: the cache is at its limit
+        (0.5, 4.0, 0.0, True, LOAD_GENERATOR, BATCH_SLOTS),  # waiting with cache to spare
+        (0.3, 0.0, 0.0, True, LOAD_GENERATOR, LOAD_GENERATOR),  # the server had room: the generator binds
+        (1.0, 7.0, 952.0, False, KV_CACHE, KV_CACHE),
+    ],
+)
+def test_the_server_resource_is_named_when_its_metrics_show_it_at_its_limit(
+    kv, waiting, preempted, generator, diagnosis, resource
+):
+    t = table("fixed")
+    t.loc[1, ["kv_cache_usage_max", "waiting_max", "preemptions"]] = [kv, waiting, preempted]
+    t["generator_bound"] = [False, generator]
+    out = capacity.result(capacity.USERS, probes(), SPEC, t, {1: diagnosis}, capacity.LIMIT_SLO)
+    assert out["binding"]["resource"] == resource and out["binding"]["load_generator_bound"] is generator
+    assert f"what binds there: {resource} (" in out["line"]
+    assert out["line"].endswith(FLAGGED_TOO) == (generator and resource != LOAD_GENERATOR)
