@@ -292,7 +292,11 @@ def step_lengths_text(run: dict, table, records) -> list[str]:
         width = "no interval" if math.isnan(rel) else f"±{rel * 100:.1f} %"
         reason = t.get("end_reason")
         label = f"Step {t['step']} ({t['users']} users): {length:.1f} s, "
-        if reason == MAX_DURATION:
+        if reason == MAX_DURATION and (t.get("end_check") or {}).get("objective_straddled"):
+            # A capacity probe kept on for its verdict (locustfiles/shape.py _probe_end), its tok/s within target.
+            lines.append(f"MAX: Step {t['step']} ({t['users']} users) reached --max-step-duration with an objective's "
+                         f"interval still straddling its limit (aggregate tok/s {width}) ({length:.1f} s)")  # fmt: skip
+        elif reason == MAX_DURATION:
             samples = _ttft_samples(records, int(t["step"]))
             flag = max_duration_line(t["step"], t["users"], _seconds(maximum, length), target, rel, samples)
             lines.append(f"MAX: {flag} ({length:.1f} s)")

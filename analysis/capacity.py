@@ -28,6 +28,7 @@ import orjson
 import pandas as pd
 from scipy import stats
 
+from .adaptive import MAX_DURATION
 from .glossary import percentile
 from .slo import STATISTICS, Objective, parse_slo
 from .sse import CUT_OFF
@@ -407,6 +408,8 @@ def result(
             "step": first_failing.step,
             "verdict": first_failing.verdict,
             "objectives": {c.objective: c.to_dict() for c in broke},
+            # max_duration: an --step-duration auto probe that ran out of time (the hint then names the maximum)
+            "end_reason": _text_or_none(rows.get(first_failing.step, {}).get("end_reason")),
         }
     if at is not None:
         out["binding"] = _binding(at, rows.get(at.step, {}), binding)
@@ -414,16 +417,31 @@ def result(
     return out
 
 
+def _text_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
 def _binding(probe: Probe, row: dict, binding: dict[int, str]) -> dict:
     """What binds at the probe: the diagnosis's resource there (analysis.diagnosis.binding_resource), with the
-    server's numbers that show it."""
-    from .diagnosis import binding_resource
+    server's numbers that show it. Where the diagnosis names the load generator (its timings come first there) but
+    the server's own metrics show it at its limit (KV cache full or preempting, or requests waiting for a batch
+    slot), the server's resource is named and `load_generator_bound` says the generator was flagged too: on a
+    2-core machine shared with other work, a 3 ms event-loop lag flagged the probe whose cache was 100 % used
+    with 952 requests preempted, and "what binds there: the load generator" hid what stops the server."""
+    from .diagnosis import BATCH_SLOTS, KV_CACHE, LOAD_GENERATOR, binding_resource
+    from .glossary import flagged
 
-    resource = binding.get(probe.step) or binding_resource(pd.Series(row))
+    series = pd.Series(row)
+    resource = binding.get(probe.step) or binding_resource(series)
+    generator = flagged(row.get("generator_bound"))
+    if resource == LOAD_GENERATOR:
+        server = binding_resource(series.drop(labels=["generator_bound"], errors="ignore"))
+        if server in (KV_CACHE, BATCH_SLOTS):
+            resource = server
     facts = {k: (None if v is None or (isinstance(v, float) and math.isnan(v)) else v)
              for k in ("kv_cache_usage_max", "waiting_mean", "waiting_max", "preemptions", "running_max")
              for v in [row.get(k)]}  # fmt: skip
-    return {"step": probe.step, "resource": resource, **facts}
+    return {"step": probe.step, "resource": resource, **facts, "load_generator_bound": generator}
 
 
 def _binding_text(b: dict | None) -> str:
@@ -436,7 +454,10 @@ def _binding_text(b: dict | None) -> str:
         parts.append(f"up to {b['waiting_max']:.0f} request{'' if b['waiting_max'] == 1 else 's'} waiting")
     if b.get("preemptions"):
         parts.append(f"{b['preemptions']:.0f} preempted")
-    return f"what binds there: {b['resource']}" + (f" ({', '.join(parts)})" if parts else "")
+    text = f"what binds there: {b['resource']}" + (f" ({', '.join(parts)})" if parts else "")
+    if b.get("load_generator_bound") and not b["resource"].startswith("the load generator"):
+        text += "; the load generator was flagged there too (its latencies may read high)"
+    return text
 
 
 def capacity_line(
@@ -464,7 +485,10 @@ def capacity_line(
     said = "; ".join(c.text(by_name[c.objective]) for c in broke)
     if out["uncertain"]:
         lines = f"Capacity: uncertain between {load_text(best.load, mode)} and {load_text(first_failing.load, mode)}"
+        # A probe already adaptive that straddled its limit until --max-step-duration needs a longer maximum.
+        ran_out = (out.get("first_failing") or {}).get("end_reason") == MAX_DURATION
+        hint = "raise --max-step-duration" if ran_out else "--step-duration auto"
         return (f"{lines}: {load_text(best.load, mode)} meets {spec}; at {load_text(first_failing.load, mode)} {said}, "
-                "too close to its limit to tell (lengthen the probes: --step-duration auto)") + (
+                f"too close to its limit to tell (lengthen the probes: {hint})") + (
             f"; {binding}" if binding else "")  # fmt: skip
     return f"{head}; at {load_text(first_failing.load, mode)} {said}" + (f"; {binding}" if binding else "")

@@ -3,6 +3,7 @@
 python -m embedded_vllm install            # vLLM's CPU build in its own venv, and the tiny model
 python -m embedded_vllm serve [--port 8000] [--num-blocks 128 ...]   # until Ctrl-C (--no-prefix-caching)
 python -m embedded_vllm demo               # server + stepped load + table, results in reports/
+python -m embedded_vllm demo --capacity    # server + capacity search (--find-capacity users) against --slo
 python -m embedded_vllm wait URL           # wait until URL/health answers (used by docker-compose)
 """
 
@@ -14,6 +15,7 @@ import sys
 import time
 import urllib.request
 
+from .demo import DEFAULT_CAPACITY_SLO
 from .server import EmbeddedServerError, EmbeddedVLLM, ServerSettings, ensure_installed, ensure_model
 
 
@@ -62,6 +64,17 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--step-warmup", default="8s")
     demo.add_argument("--max-tokens", type=int, default=256)
     demo.add_argument("--run-dir", default="")
+    demo.add_argument(
+        "--capacity",
+        action="store_true",
+        help="instead of --steps, search for the highest number of users meeting --slo (--find-capacity users; "
+        "each probe lasts --step-duration with --step-warmup); exit 1 when even 1 user breaks it",
+    )
+    demo.add_argument(
+        "--slo",
+        default=DEFAULT_CAPACITY_SLO,
+        help=f"with --capacity: the objectives searched against (default {DEFAULT_CAPACITY_SLO})",
+    )
     wait = sub.add_parser("wait", help="wait until URL/health answers 200")
     wait.add_argument("url")
     wait.add_argument("--timeout", type=float, default=1800)

@@ -223,16 +223,28 @@ class StepLoadShape(LoadTestShape):
             )
         return decision.reason
 
-    def _probe_end(self, plan: _Plan, tracker: StepTracker, reason: str | None) -> str | None:
+    def _probe_end(self, plan: _Plan, tracker: StepTracker, reason: str | None, elapsed_s: float) -> str | None:
         """A capacity probe that reached its interval target while an objective's interval still straddles its limit
-        goes on (to --max-step-duration): the search needs a verdict, not a narrow tok/s."""
+        goes on, up to --max-step-duration, where it ends as MAX_DURATION: the search needs a verdict, not a narrow
+        tok/s. (The maximum is also a check point that a narrow tok/s passes as CI_TARGET: without the bound, a
+        28-user probe against the real vLLM whose TTFT p95 straddled 200 ms ran on past the 30 s maximum, 66 s
+        until the run was stopped.)"""
         if reason != adaptive.CI_TARGET or plan.search is None or not tracker.timeline:
             return reason
         probe = plan.search.judge(tracker)
-        if probe.verdict == capacity.UNCERTAIN:
+        if probe.verdict != capacity.UNCERTAIN:
+            return reason
+        if elapsed_s < plan.max_duration:
             logger.debug("probe %s at %s: uncertain, extended", probe.probe, probe.load)
             return None
-        return reason
+        entry = tracker.timeline[-1]
+        entry.setdefault("end_check", {}).update(reason=adaptive.MAX_DURATION, objective_straddled=True)
+        straddling = ", ".join(c.objective for c in probe.checks if c.verdict == capacity.UNCERTAIN)
+        logger.warning(
+            "Probe %s (%s) reached --max-step-duration %.0f s with %s still straddling its limit: judged uncertain",
+            probe.probe, capacity.load_text(probe.load, plan.search.mode), plan.max_duration, straddling,
+        )  # fmt: skip
+        return adaptive.MAX_DURATION
 
     def _capacity_tick(self, plan: _Plan, tracker: StepTracker, now: float) -> tuple[int, float] | None:
         """One tick of a capacity search. A probe that ends is closed, its schedule stopped and its users stopped
@@ -258,7 +270,8 @@ class StepLoadShape(LoadTestShape):
                 probe.verdict + "".join(f"; {c.objective} {c.verdict}" for c in probe.checks),
             )  # fmt: skip
         elif self._index >= 0:
-            reason = self._probe_end(plan, tracker, self._step_end(plan, tracker, now - self._step_began))
+            elapsed = now - self._step_began
+            reason = self._probe_end(plan, tracker, self._step_end(plan, tracker, elapsed), elapsed)
             entry = tracker.timeline[-1]
             if reason is None:
                 return entry["users"], float(max(100, entry["users"]))

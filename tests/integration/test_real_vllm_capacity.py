@@ -1,0 +1,89 @@
+"""--find-capacity users against the embedded real vLLM (CPU build, tiny model, 128 KV blocks): the search stops
+where the KV cache binds, and names it.
+
+Select with `-m vllm`; the server starts once per session (tests/conftest.py).
+
+The objective, TTFT p95 <= 200 ms with 256 output tokens (--ignore-eos), is one only a queue breaks: measured on a
+loaded 2-core machine, TTFT p95 stayed at 10-35 ms up to 16 users (cache 93 % used), then rose to 83 ms at 24 users,
+197 ms at 28 and 331 ms at 32, with the cache full, requests waiting and hundreds preempted. A faster machine moves
+that point, not the cause: the first failing probe is past the cache's limit. Probes are 12 s (4 s warm-up): the
+search took 9 probes and about 2 minutes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from vllm_loadtest.analysis.diagnosis import KV_CACHE, KV_FULL, LOAD_GENERATOR
+
+from tests.helpers.runs import locust
+
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+
+SLO_S = 0.2
+
+
+def test_users_capacity_stops_where_the_kv_cache_binds_and_names_it(vllm_server, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = locust(
+        "--host", vllm_server.url, "--find-capacity", "users", "--slo", f"ttft_p95={SLO_S * 1000:.0f}ms",
+        "--step-duration", "12s", "--step-warmup", "4s", "--max-tokens", "256", "--ignore-eos",
+        "--max-users", "128", "--run-dir", str(run_dir), "--no-report", "--only-summary",
+        timeout=900,
+    )  # fmt: skip
+    print(proc.stdout[-5000:])  # the tables, the diagnosis and the Capacity section, shown when an assertion fails
+    # 1 would mean even 1 user broke the objective: then the objective, not the server, is wrong.
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    cap = summary["capacity"]
+    steps = pd.read_csv(run_dir / "steps.csv").set_index("step")
+    probes = cap["probes"]
+
+    # Every probe is a step, in the order it ran, and the search doubled from 1 user until one did not pass.
+    assert list(steps["probe"]) == [p["probe"] for p in probes] == list(range(1, len(probes) + 1))
+    assert list(steps["users"]) == [p["users"] for p in probes]
+    loads = [p["users"] for p in probes]
+    doubling = next(i for i, p in enumerate(probes) if not p["passed"])
+    assert loads[: doubling + 1] == [2**i for i in range(doubling + 1)], loads
+
+    assert cap["mode"] == "users" and cap["limit"] == "slo", cap
+    best, failing = cap["max_users"], cap["first_failing"]
+    assert best >= 1 and failing is not None and failing["users"] > best, cap
+    # Bisected down to the resolution: 10 % of the capacity, never finer than 1 user.
+    assert failing["users"] - best <= max(1, 0.1 * best), loads
+    assert "ttft_p95" in failing["objectives"], failing
+    broke = failing["objectives"]["ttft_p95"]
+    row = steps.loc[failing["step"]]
+    # The verdict is on the same requests as the step table's p95.
+    assert broke["value"] == pytest.approx(row["ttft_p95_s"]), (broke, row)
+    assert broke["verdict"] in ("fail", "uncertain") and cap["uncertain"] == (broke["verdict"] == "uncertain")
+    if broke["verdict"] == "fail":
+        assert broke["value"] > SLO_S, broke
+
+    # Where it broke, vLLM's own metrics show the cache at its limit: full or preempting, with requests waiting.
+    assert row["kv_cache_usage_max"] >= KV_FULL or row["preemptions"] > 0, row
+    assert row["waiting_max"] > 0, row
+    binding = cap["binding"]
+    assert binding["step"] == failing["step"]
+    assert binding["kv_cache_usage_max"] == pytest.approx(row["kv_cache_usage_max"])
+    assert binding["waiting_max"] == pytest.approx(row["waiting_max"])
+    assert binding["preemptions"] == pytest.approx(row["preemptions"])
+    # What binds is the KV cache. On a machine shared with other work the load generator's lag probe can flag the
+    # step too (a 3 ms lag p99): the diagnosis then names the generator first, and the capacity says both.
+    generator = bool(row["generator_bound"])
+    assert binding["resource"] == KV_CACHE and binding["load_generator_bound"] is generator, binding
+    assert summary["diagnosis"]["binding"][str(failing["step"])] == (LOAD_GENERATOR if generator else KV_CACHE)
+
+    # The console's Capacity section says all of it in one line, then the probe path.
+    line = next(s for s in proc.stdout.splitlines() if s.startswith("- Capacity: "))
+    assert line == f"- {cap['line']}"
+    if cap["uncertain"]:
+        assert line.startswith(f"- Capacity: uncertain between {best} users and {failing['users']} users"), line
+    else:
+        assert line.startswith(f"- Capacity: {best} user"), line
+        assert f"at {failing['users']} users ttft_p95 was" in line, line
+    assert f"what binds there: {KV_CACHE} (" in line and "% KV cache used" in line and "waiting" in line, line
+    assert ("the load generator was flagged there too" in line) is generator, line
+    assert proc.stdout.count("- Probe ") == len(probes)
