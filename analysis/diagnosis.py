@@ -191,8 +191,14 @@ def _knee_line(rows: pd.DataFrame, k: knee_rules.Knee, key: str, unit: str) -> s
     """Where the curve flattens, between which loads, and what the step after it did."""
     at = rows.loc[rows["step"] == k.step].iloc[0]
     nxt = rows.loc[rows[key] == k.range[1]].iloc[0]
-    gain = gain_per_doubling(at["aggregate_tok_s"], nxt["aggregate_tok_s"], at[key], nxt[key])
-    per = "" if pd.isna(gain) else f" ({gain * 100:+.0f} % per doubling of {unit})"
+    if nxt[key] >= 1.5 * at[key]:
+        gain = gain_per_doubling(at["aggregate_tok_s"], nxt["aggregate_tok_s"], at[key], nxt[key])
+        per = "" if pd.isna(gain) else f" ({gain * 100:+.0f} % per doubling of {unit})"
+    else:
+        # Loads this close (a capacity search's bisection: 16 and 17 users) make a rate per doubling of a small
+        # change: -4 % read as -61 % per doubling. The change itself is what was measured.
+        change = nxt["aggregate_tok_s"] / at["aggregate_tok_s"] - 1 if at["aggregate_tok_s"] > 0 else math.nan
+        per = "" if pd.isna(change) else f" ({change * 100:+.0f} %)"
     return (
         f"Aggregate throughput flattens at {_load(at)}: the knee lies between {_between(at, nxt)}. Going "
         f"to {_load(nxt)} changed it from {_tok_s(at)} to {_tok_s(nxt)}{per}, and no later step rose more than "
