@@ -422,22 +422,14 @@ def _text_or_none(value: object) -> str | None:
 
 
 def _binding(probe: Probe, row: dict, binding: dict[int, str]) -> dict:
-    """What binds at the probe: the diagnosis's resource there (analysis.diagnosis.binding_resource), with the
-    server's numbers that show it. Where the diagnosis names the load generator (its timings come first there) but
-    the server's own metrics show it at its limit (KV cache full or preempting, or requests waiting for a batch
-    slot), the server's resource is named and `load_generator_bound` says the generator was flagged too: on a
-    2-core machine shared with other work, a 3 ms event-loop lag flagged the probe whose cache was 100 % used
-    with 952 requests preempted, and "what binds there: the load generator" hid what stops the server."""
-    from .diagnosis import BATCH_SLOTS, KV_CACHE, LOAD_GENERATOR, binding_resource
+    """What binds at the probe: the diagnosis's resource there (analysis.diagnosis.binding_resource: the server's
+    own limit before a flagged load generator), with the server's numbers that show it; `load_generator_bound`
+    says the generator was flagged too."""
+    from .diagnosis import binding_resource
     from .glossary import flagged
 
-    series = pd.Series(row)
-    resource = binding.get(probe.step) or binding_resource(series)
+    resource = binding.get(probe.step) or binding_resource(pd.Series(row))
     generator = flagged(row.get("generator_bound"))
-    if resource == LOAD_GENERATOR:
-        server = binding_resource(series.drop(labels=["generator_bound"], errors="ignore"))
-        if server in (KV_CACHE, BATCH_SLOTS):
-            resource = server
     facts = {k: (None if v is None or (isinstance(v, float) and math.isnan(v)) else v)
              for k in ("kv_cache_usage_max", "waiting_mean", "waiting_max", "preemptions", "running_max")
              for v in [row.get(k)]}  # fmt: skip

