@@ -177,7 +177,13 @@ def test_a_distributed_search_finds_8_too(fake_server, tmp_path):
     assert result["max_users"] == 8 and result["first_failing"]["users"] == 9, result["line"]
     assert_probes_recorded(run_dir, result, "users")
     assert_live_decisions_match(run_dir, result)
-    assert console_capacity(proc.stdout).startswith("Capacity: 8 users, ")
+    # Two workers start their shares of 9 users a little apart, so their requests spread over the slots more than one
+    # process's do: at 9 users TTFT p95 read 112-179 ms against the 100 ms limit, its interval reaching below the
+    # limit in a run beside the parallel e2e tests. "Uncertain between 8 and 9" is then the honest answer; 8 is
+    # the capacity either way, and no load above 8 is ever reported.
+    line = console_capacity(proc.stdout)
+    assert line.startswith(("Capacity: 8 users, ", "Capacity: uncertain between 8 users and 9 users: ")), line
+    assert line == result["line"]
     records = pd.read_parquet(run_dir / "requests.parquet")
     assert_server_finished_only_recorded_requests(records, server.get("/stats")["ok"])
     assert records["worker"].nunique() == 2  # both workers sent load
