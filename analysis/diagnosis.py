@@ -66,15 +66,23 @@ def _count(v: float | None) -> str:
 
 def binding_resource(row: pd.Series) -> str:
     """KV cache when it is full (>= 95 %) or preempts; batch slots when requests wait with KV cache to spare; the
-    load generator when the step is generator-bound and the server is at neither limit (its timings cannot be
-    trusted, so it comes before compute); else compute."""
+    load generator when the step is generator-bound and nothing waited or was preempted at the server (its timings
+    cannot be trusted, so it comes first then); else compute."""
     server = _server_resource(row)
-    if flagged(row.get("generator_bound")) and server not in (KV_CACHE, BATCH_SLOTS):
+    if flagged(row.get("generator_bound")) and not _over_its_limit(row):
         return LOAD_GENERATOR
-    # Generator-bound with the server at its limit: the client delivered more than the server could take (requests
-    # queued there), so its lag distorts the latencies, not what binds. On the 2-core machine a 2-3 ms lag p99 had
-    # the real vLLM's 100 %-full, preempting KV cache reported as "the load generator binds".
+    # Generator-bound while requests queued at the server or were preempted: the client delivered more than the
+    # server could take, so its lag distorts the latencies, not what binds. On the 2-core machine a 2-3 ms lag p99
+    # had the real vLLM's full, preempting KV cache reported as "the load generator binds". A full cache alone is
+    # not that proof (the fake server's gauge reads 100 % at 8 streams with no limit at all).
     return server
+
+
+def _over_its_limit(row: pd.Series) -> bool:
+    """The server held more work than it could run: requests waited (waiting_max > 0) or were preempted."""
+    waiting, preempt = row.get("waiting_max"), row.get("preemptions")
+    return bool((waiting is not None and not pd.isna(waiting) and waiting > 0)
+                or (preempt is not None and not pd.isna(preempt) and preempt > 0))  # fmt: skip
 
 
 def _server_resource(row: pd.Series) -> str:
