@@ -26,6 +26,7 @@ import numpy as np
 import orjson
 
 from . import glossary
+from .records import LISTS_MARKER
 from .uncertainty import (
     BATCH_E2E_MULTIPLE,
     Interval,
@@ -151,7 +152,7 @@ def decide(
 
 # Records are serialized in RequestRecord's field order, the per-chunk lists after every field needed here: a line
 # is cut there and only its head parsed (a 256-token record's lists are most of its bytes).
-_LISTS = b',"chunk_offsets_s"'
+_LISTS = LISTS_MARKER
 
 
 class StepAccumulator:

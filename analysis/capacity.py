@@ -30,6 +30,7 @@ from scipy import stats
 
 from .adaptive import MAX_DURATION
 from .glossary import percentile
+from .records import LISTS_MARKER
 from .slo import STATISTICS, Objective, parse_slo
 from .sse import CUT_OFF
 from .thresholds import KNEE_GAIN
@@ -47,7 +48,6 @@ LIMIT_SLO = "slo"  # an objective broke (or could not be shown to hold): bisecte
 LIMIT_THROUGHPUT = "throughput"  # the last doubling added no throughput: the server is saturated
 LIMIT_MAX = "max_load"  # --max-users / --max-rate reached with every objective met
 FEW = "too few samples for an interval: judged on its value"
-_LISTS = b',"chunk_offsets_s"'  # where a record's per-chunk lists begin (RequestRecord's field order)
 
 
 def parse_resolution(text: str) -> float:
@@ -312,7 +312,7 @@ class ProbeRecords:
         for line in lines.splitlines():
             # Without an ITL objective only the fields before the per-chunk lists are read (most of a record's bytes
             # are its lists): the master parses every record every worker ships.
-            cut = -1 if self.itl else line.find(_LISTS)
+            cut = -1 if self.itl else line.find(LISTS_MARKER)
             try:
                 try:
                     r = orjson.loads(line[:cut] + b"}" if cut > 0 else line)

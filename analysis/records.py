@@ -23,6 +23,9 @@ logger = logging.getLogger(__name__)
 RECORDS_DIR = "records"
 RECEIVED_DIR = "received"  # inside RECORDS_DIR: the copies workers shipped to the master
 REQUESTS_FILE = "requests.parquet"
+# Where a serialized record's per-chunk lists begin (RequestRecord's field order): the controller's live views cut a
+# shipped line there and parse only its head, since the lists are most of a long answer's bytes.
+LISTS_MARKER = b',"chunk_offsets_s"'
 
 
 @dataclass(slots=True)
