@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from .diskio import WriteFailure
 from .records import RECORDS_DIR
 from .run import STEPS_FILE, finalize
 from .steps import format_table
@@ -89,13 +90,21 @@ def main(argv: list[str] | None = None) -> int:
         if not (other / STEPS_FILE).exists():
             print(f"error: {other} has no {STEPS_FILE}; run `python -m analysis steps {other}` first", file=sys.stderr)
             return 2
-    if args.command == "report":
-        from .finish import finish_run
+    try:
+        if args.command == "report":
+            from .finish import finish_run
 
-        # The exit code stays 0 whatever the verdicts: this rebuilds the outputs, it is no gate.
-        finish_run(args.run_dir, compare=args.compare, echo=lambda text: print(text, flush=True))
-        return 0
-    table = finalize(args.run_dir)
+            # The exit code stays 0 whatever the verdicts: this rebuilds the outputs, it is no gate.
+            finish_run(args.run_dir, compare=args.compare, echo=lambda text: print(text, flush=True))
+            return 0
+        table = finalize(args.run_dir)
+    except WriteFailure as e:  # a full disk: the raw files are untouched, the command can be run again
+        print(
+            f"error: {e}: the raw files are kept; make room there (or copy {args.run_dir} to another disk), then run "
+            "this again",
+            file=sys.stderr,
+        )
+        return 2
     print(format_table(table))
     print(f"\nwrote {args.run_dir / 'requests.parquet'} and {args.run_dir / STEPS_FILE}")
     return 0

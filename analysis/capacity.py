@@ -28,8 +28,8 @@ import orjson
 import pandas as pd
 from scipy import stats
 
-from .adaptive import MAX_DURATION
-from .glossary import percentile
+from .adaptive import MAX_DURATION, RUN_STOPPED
+from .glossary import percentile_never, ttfo_values
 from .records import LISTS_MARKER
 from .slo import STATISTICS, Objective, parse_slo
 from .sse import CUT_OFF
@@ -91,7 +91,8 @@ class Check:
     note: str | None = None
 
     def to_dict(self) -> dict:
-        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
+        # NaN and inf (a TTFO statistic of requests never answered) as null: summary.json is strict JSON.
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
 
     def text(self, objective: Objective) -> str:
         """'ttft_p95 was 812 ms (CI 790-840 ms)'."""
@@ -103,6 +104,8 @@ class Check:
 def _fmt(o: Objective, v: float) -> str:
     if v is None or math.isnan(v):
         return "no data"
+    if v == math.inf:
+        return "no answer"  # a TTFO statistic reached by requests that never got an answer token
     if o.metric == "error_rate":
         return f"{v:.2%}"
     if v >= 10:
@@ -135,14 +138,17 @@ def objective_interval(o: Objective, ok: pd.DataFrame, failed: int, itl: np.ndar
         return wilson_interval(failed, len(ok) + failed)
     if o.metric == "itl":
         values = itl if itl is not None else np.array([], dtype=float)
+    elif o.metric == "ttfo":
+        values = ttfo_values(ok)  # +inf: no answer token, never answered (the interval's bounds reach it too)
     else:
         values = pd.to_numeric(ok[f"{o.metric}_s"], errors="coerce").to_numpy(dtype=float)
     q = STATISTICS[o.statistic]
     if q is None:
         return t_interval(values)
-    ci = quantile_interval(values, q / 100)
+    with np.errstate(invalid="ignore"):  # numpy's interpolation at a TTFO never answered (inf): its value unused
+        ci = quantile_interval(values, q / 100)
     # The step table's exact percentile (glossary.percentile), so the probe's value is steps.csv's.
-    return Interval(percentile(values, q), ci.low, ci.high, ci.n, ci.note)
+    return Interval(percentile_never(values, q), ci.low, ci.high, ci.n, ci.note)
 
 
 def check(o: Objective, ci: Interval) -> Check:
@@ -190,20 +196,37 @@ class Probe:
     tok_s_low: float = math.nan
     tok_s_high: float = math.nan
     requests: int = 0
+    interrupted: bool = False  # the run was stopped during this probe, before it was judged
 
     @property
     def passed(self) -> bool:
         return self.verdict == PASS
 
+    @property
+    def counted(self) -> bool:
+        """A probe stopped before it was judged counts only on what its data showed: a pass, or a fail on values
+        (not "no data", not an interval that straddles its limit): a probe Ctrl-C cut 0.1 s in would otherwise
+        read as the capacity's first failing load."""
+        if not self.interrupted or self.verdict == PASS:
+            return True
+        return self.verdict == FAIL and all(_measured(c.value) for c in self.checks if c.verdict != PASS)
+
     def to_dict(self, mode: str) -> dict:
         key = "users" if mode == USERS else "rate_rps"
         out = {"probe": self.probe, "step": self.step, key: _load(self.load, mode), "passed": self.passed,
                "verdict": self.verdict, "requests": self.requests}  # fmt: skip
+        if self.interrupted:
+            out["interrupted"] = True
+            out["counted"] = self.counted
         out["objectives"] = {c.objective: c.to_dict() for c in self.checks}
         for name in ("tok_s", "tok_s_low", "tok_s_high"):
             v = getattr(self, name)
             out[f"aggregate_{name}"] = None if math.isnan(v) else v
         return out
+
+
+def _measured(value: float | None) -> bool:
+    return value is not None and not math.isnan(value)
 
 
 def _load(value: float, mode: str) -> float | int:
@@ -359,7 +382,9 @@ def probes_of_run(
         load = float(entry["rate_rps"]) if mode == RATE else float(entry["users"])
         tok = Interval(*(float(row.get(c, math.nan)) for c in ("aggregate_tok_s", "aggregate_tok_s_ci_low",
                                                                   "aggregate_tok_s_ci_high")))  # fmt: skip
-        out.append(make_probe(n, s, load, check_probe(ok, failed, objectives), tok, len(ok) + failed))
+        probe = make_probe(n, s, load, check_probe(ok, failed, objectives), tok, len(ok) + failed)
+        probe.interrupted = entry.get("end_reason") == RUN_STOPPED and not entry.get("probe_check")
+        out.append(probe)
     return out
 
 
@@ -377,9 +402,10 @@ def result(
     every probe in order; `line` is the console's sentence."""
     objectives = parse_slo(spec)
     key = "max_users" if mode == USERS else "max_rate_rps"
-    failing = [p for p in probes if not p.passed]
+    counted = [p for p in probes if p.counted]
+    failing = [p for p in counted if not p.passed]
     hi = min((p.load for p in failing), default=math.inf)
-    passing = [p for p in probes if p.passed and p.load < hi]
+    passing = [p for p in counted if p.passed and p.load < hi]
     best = max(passing, key=lambda p: p.load) if passing else None
     first_failing = min((p for p in failing if best is None or p.load > best.load), key=lambda p: p.load, default=None)
     if limit is None:  # rebuilt from the files of a run that stopped before the search ended

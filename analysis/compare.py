@@ -1,7 +1,8 @@
 """Two runs compared step by step: is the difference larger than the noise each run's own intervals allow?
 
 Pure: works on two step tables (steps.csv). Steps are matched by load (users; the intended rate when both are
---rates runs). For each of aggregate tok/s, TTFT p95 and TPOT p95 the difference is relative to the other run,
+--rates runs). For each of aggregate tok/s, TTFT p95 and TPOT p95 (two embeddings runs: inputs/s, prompt tok/s and E2E
+p95) the difference is relative to the other run,
 d = a / b - 1, and its 95 % interval combines the two runs' independent intervals on the relative scale (the delta
 method for a ratio): half-width = (a / b) * sqrt((h_a / a)^2 + (h_b / b)^2), h = (ci_high - ci_low) / 2. A
 difference is significant when |d| exceeds that half-width. The intervals are each run's within-run noise only:
@@ -19,6 +20,8 @@ from .schedule import is_rate_run, rate_label
 
 # (column, label): what is compared, each with its interval columns <column>_ci_low / <column>_ci_high.
 METRICS = (("aggregate_tok_s", "aggregate tok/s"), ("ttft_p95_s", "TTFT p95"), ("tpot_p95_s", "TPOT p95"))
+# Two embeddings runs (no output tokens, no TTFT, no TPOT): their throughput and latency, with the same intervals.
+EMBEDDINGS_METRICS = (("inputs_per_s", "inputs/s"), ("prompt_tok_s", "prompt tok/s"), ("e2e_p95_s", "E2E p95"))
 CI_LOW, CI_HIGH = "_ci_low", "_ci_high"
 
 NOISE_NOTE = (
@@ -109,6 +112,7 @@ class Comparison:
     steps: list[StepComparison] = field(default_factory=list)
     unmatched: str | None = None  # why the steps could not be matched at all
     missing_intervals: list[str] = field(default_factory=list)  # the runs whose steps.csv has no intervals
+    metrics: tuple[tuple[str, str], ...] = METRICS  # (column, label) compared: EMBEDDINGS_METRICS for embeddings
 
     def lines(self) -> list[str]:
         """The console's (and the report's) sentences."""
@@ -153,8 +157,12 @@ def _load_text(load: float, key: str) -> str:
     return rate_label(load) if key == "rate_rps" else f"{load:g} users"
 
 
-def _has_intervals(table: pd.DataFrame) -> bool:
-    return all(c + s in table.columns for c, _ in METRICS for s in (CI_LOW, CI_HIGH))
+def _has_intervals(table: pd.DataFrame, metrics: tuple[tuple[str, str], ...] = METRICS) -> bool:
+    return all(c + s in table.columns for c, _ in metrics for s in (CI_LOW, CI_HIGH))
+
+
+def _embeddings(table: pd.DataFrame) -> bool:
+    return "inputs_per_s" in table.columns and bool(pd.to_numeric(table["inputs_per_s"], errors="coerce").notna().any())
 
 
 def compare_runs(table: pd.DataFrame, other: pd.DataFrame, this_name: str, other_name: str) -> Comparison:
@@ -170,7 +178,10 @@ def compare_runs(table: pd.DataFrame, other: pd.DataFrame, this_name: str, other
         return comparison
     key = "rate_rps" if rates[0] else "users"
     comparison.key = key
-    missing = [name for name, t in ((this_name, table), (other_name, other)) if not _has_intervals(t)]
+    if _embeddings(table) and _embeddings(other):
+        comparison.metrics = EMBEDDINGS_METRICS
+    metrics = comparison.metrics
+    missing = [name for name, t in ((this_name, table), (other_name, other)) if not _has_intervals(t, metrics)]
     comparison.missing_intervals = missing
 
     def by_load(t: pd.DataFrame) -> dict[tuple[float, int], pd.Series]:
@@ -191,6 +202,6 @@ def compare_runs(table: pd.DataFrame, other: pd.DataFrame, this_name: str, other
         if a is None or b is None:
             comparison.steps.append(StepComparison(load, text, only_in=this_name if b is None else other_name))
             continue
-        diffs = tuple(_difference(c, label, a, b, missing) for c, label in METRICS)
+        diffs = tuple(_difference(c, label, a, b, missing) for c, label in metrics)
         comparison.steps.append(StepComparison(load, text, diffs))
     return comparison

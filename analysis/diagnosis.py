@@ -10,10 +10,10 @@ from datetime import datetime, timezone
 import pandas as pd
 
 from . import knee as knee_rules
-from . import schedule
+from . import roofline, schedule
 from .generator import advice, flagged, reasons
 from .histograms import from_columns, ms_text
-from .steps import unstable
+from .steps import throughput_column, unstable
 from .thresholds import KNEE_GAIN
 
 # KV-cache usage at or above this counts as full. Not lower: with 32 requests running against a cap of
@@ -46,10 +46,14 @@ class Diagnosis:
     saturated_rate_rps: float | None = None
     outlier_steps: list[int] = field(default_factory=list)  # left out of the knee: rerun them
     unstable_steps: list[int] = field(default_factory=list)
+    # step -> the GPUs' roofline regime (analysis.roofline: memory_bound, compute_bound, neither, "" untold), for the
+    # steps the diagnosis speaks of: those it names a binding resource for, else the knee or the highest load
+    gpu_regime: dict[int, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["binding"] = {str(k): v for k, v in self.binding.items()}
+        d["gpu_regime"] = {str(k): v for k, v in self.gpu_regime.items()}
         return d
 
 
@@ -188,13 +192,18 @@ def _step_name(row: pd.Series) -> str:
     return f"the {int(row['users'])}-user step"
 
 
-def _tok_s(row: pd.Series) -> str:
-    """Its aggregate tok/s with the interval's half-width when there is one: '5512 ± 41 tok/s'."""
-    y, low, high = (knee_rules.num(row, c) for c in ("aggregate_tok_s", "aggregate_tok_s_ci_low",
-                                                      "aggregate_tok_s_ci_high"))  # fmt: skip
+# The curve's throughput column -> its unit in words and its name in the knee's sentence.
+_UNITS = {"aggregate_tok_s": "tok/s", "inputs_per_s": "inputs/s"}
+_NAMES = {"aggregate_tok_s": "Aggregate throughput", "inputs_per_s": "Embeddings throughput (inputs/s)"}
+
+
+def _tok_s(row: pd.Series, y_col: str = knee_rules.THROUGHPUT) -> str:
+    """Its throughput with the interval's half-width when there is one: '5512 ± 41 tok/s', '412 ± 9 inputs/s'."""
+    y, low, high = (knee_rules.num(row, c) for c in (y_col, f"{y_col}_ci_low", f"{y_col}_ci_high"))
+    unit = _UNITS[y_col]
     if math.isnan(low) or math.isnan(high):
-        return f"{y:.0f} tok/s"
-    return f"{y:.0f} ± {(high - low) / 2:.0f} tok/s"
+        return f"{y:.0f} {unit}"
+    return f"{y:.0f} ± {(high - low) / 2:.0f} {unit}"
 
 
 def _sentence(text: str) -> str:
@@ -209,21 +218,22 @@ def _between(low: pd.Series, high: pd.Series) -> str:
     return f"{int(low['users'])} and {int(high['users'])} users"
 
 
-def _knee_line(rows: pd.DataFrame, k: knee_rules.Knee, key: str, unit: str) -> str:
+def _knee_line(rows: pd.DataFrame, k: knee_rules.Knee, key: str, unit: str, y_col: str = knee_rules.THROUGHPUT) -> str:
     """Where the curve flattens, between which loads, and what the step after it did."""
     at = rows.loc[rows["step"] == k.step].iloc[0]
     nxt = rows.loc[rows[key] == k.range[1]].iloc[0]
     if nxt[key] >= 1.5 * at[key]:
-        gain = gain_per_doubling(at["aggregate_tok_s"], nxt["aggregate_tok_s"], at[key], nxt[key])
+        gain = gain_per_doubling(at[y_col], nxt[y_col], at[key], nxt[key])
         per = "" if pd.isna(gain) else f" ({gain * 100:+.0f} % per doubling of {unit})"
     else:
         # Loads this close (a capacity search's bisection: 16 and 17 users) make a rate per doubling of a small
         # change: -4 % read as -61 % per doubling. The change itself is what was measured.
-        change = nxt["aggregate_tok_s"] / at["aggregate_tok_s"] - 1 if at["aggregate_tok_s"] > 0 else math.nan
+        change = nxt[y_col] / at[y_col] - 1 if at[y_col] > 0 else math.nan
         per = "" if pd.isna(change) else f" ({change * 100:+.0f} %)"
     return (
-        f"Aggregate throughput flattens at {_load(at)}: the knee lies between {_between(at, nxt)}. Going "
-        f"to {_load(nxt)} changed it from {_tok_s(at)} to {_tok_s(nxt)}{per}, and no later step rose more than "
+        f"{_NAMES[y_col]} flattens at {_load(at)}: the knee lies between {_between(at, nxt)}. Going "
+        f"to {_load(nxt)} changed it from {_tok_s(at, y_col)} to {_tok_s(nxt, y_col)}{per}, and no later step rose "
+        "more than "
         f"{KNEE_GAIN * 100:.0f} % above it beyond the noise."
     )
 
@@ -242,10 +252,11 @@ def _saturated_line(row: pd.Series) -> str:
     )
 
 
-def _outlier_line(row: pd.Series, outlier: knee_rules.Outlier) -> str:
+def _outlier_line(row: pd.Series, outlier: knee_rules.Outlier, y_col: str = knee_rules.THROUGHPUT) -> str:
     line = (
-        f"{_sentence(_step_name(row))} ran slower than the steps around it imply ({_tok_s(row)} where they imply "
-        f"about {outlier.implied_tok_s:.0f}): something else may have used the server or this machine; rerun it. "
+        f"{_sentence(_step_name(row))} ran slower than the steps around it imply ({_tok_s(row, y_col)} where they "
+        f"imply about {outlier.implied_tok_s:.0f}): something else may have used the server or this machine; rerun "
+        "it. "
         "It is left out of the knee."
     )
     if outlier.explained_by:
@@ -253,27 +264,43 @@ def _outlier_line(row: pd.Series, outlier: knee_rules.Outlier) -> str:
     return line
 
 
-def _unstable_line(row: pd.Series) -> str:
-    first, second = row.get("aggregate_tok_s_first_half"), row.get("aggregate_tok_s_second_half")
+def _unstable_line(row: pd.Series, y_col: str = knee_rules.THROUGHPUT) -> str:
+    first, second = row.get(f"{y_col}_first_half"), row.get(f"{y_col}_second_half")
+    halves = f"from {first:.0f} to {second:.0f} {_UNITS[y_col]}"
+    if pd.isna(first) or pd.isna(second):
+        halves = "by more than its noise"  # a table written without the halves
     return (
-        f"{_sentence(_step_name(row))} was not steady: its throughput moved from {first:.0f} to {second:.0f} tok/s "
+        f"{_sentence(_step_name(row))} was not steady: its throughput moved {halves} "
         "between the first and second half of its window, beyond its noise: the server's state changed during the "
         "step (a cache filling, a queue growing) or something else used the server or this machine; its numbers "
         "average both halves (rerun it, or lengthen its steps)."
     )
 
 
-def diagnose(table: pd.DataFrame) -> Diagnosis:
+def diagnose(table: pd.DataFrame, curve: bool = True, gpu: dict[int, roofline.StepVerdict] | None = None) -> Diagnosis:
     """The knee (analysis.knee.find_knee: outliers left out, a later step more than the noise above moves it, reported
     with its range), the first step where the server's own state says its batch is full, the suspect steps, the
     binding resource of every step at or past the knee or the saturated step and of every generator-bound step, then
-    every step of a rate run that fell behind its schedule."""
+    every step of a rate run that fell behind its schedule. `curve` False (a trace replay, whose steps are windows of
+    the trace's own load, not a sweep): no knee, no outliers, no unstable steps, only the per-step verdicts. `gpu`
+    (analysis.roofline.step_verdicts): the GPUs' roofline regime follows the binding resource's line of each step it is
+    named for (else one line, at the knee or the highest load)."""
     d = Diagnosis()
+    gpu = gpu or {}
     rates = schedule.is_rate_run(table)
     # A rate run holds the same pool of users at every step: its load is the rate, so the knee is keyed on it.
     key, unit = ("rate_rps", "the rate") if rates else ("users", "users")
     rows = table.sort_values(key).reset_index(drop=True)
-    k = knee_rules.find_knee(rows, key) if len(rows) else knee_rules.Knee()
+    # An embeddings run has no output tokens: its curve is inputs/s (missing tok/s must not read as a flat curve).
+    y_col = throughput_column(rows) if len(rows) else knee_rules.THROUGHPUT
+    k = knee_rules.find_knee(rows, key, y_col) if len(rows) else knee_rules.Knee()
+    if not curve:
+        k = knee_rules.Knee(saturated_step=k.saturated_step, saturated_load=k.saturated_load)
+        # Said, so that an empty diagnosis does not read as a verdict of "nothing found".
+        d.text.append(
+            "A trace replay: its steps are consecutive windows of the trace's own load, not a sweep of loads, so no "
+            "knee is looked for; only each window's own verdicts (server limit, load generator, schedule) follow."
+        )
     by_step = {int(r["step"]): r for _, r in rows.iterrows()}
     if k.step is not None:
         at = by_step[k.step]
@@ -281,13 +308,13 @@ def diagnose(table: pd.DataFrame) -> Diagnosis:
         d.knee_range = list(k.range) if rates else [int(v) for v in k.range]
         if rates:
             d.knee_rate_rps = float(at["rate_rps"])
-        d.text.append(_knee_line(rows, k, key, unit))
+        d.text.append(_knee_line(rows, k, key, unit, y_col))
     if k.saturated_step is not None:
         sat = by_step[k.saturated_step]
         d.saturated_step, d.saturated_users = k.saturated_step, int(sat["users"])
         if rates:
             d.saturated_rate_rps = float(sat["rate_rps"])
-    if k.step is None and len(rows) >= 2:
+    if k.step is None and len(rows) >= 2 and curve:
         if k.saturated_step is not None:
             room = "but the server's own state says it is past its batch limit (next line)"
         elif flagged(rows.iloc[-1].get("generator_bound")):
@@ -302,11 +329,11 @@ def diagnose(table: pd.DataFrame) -> Diagnosis:
         d.text.append(_saturated_line(by_step[k.saturated_step]))
     d.outlier_steps = [o.step for o in k.outliers]
     for o in k.outliers:
-        d.text.append(_outlier_line(by_step[o.step], o))
+        d.text.append(_outlier_line(by_step[o.step], o, y_col))
     for _, row in rows.iterrows():
-        if unstable(row.get("stable")) and int(row["step"]) not in d.outlier_steps:
+        if curve and unstable(row.get("stable")) and int(row["step"]) not in d.outlier_steps:
             d.unstable_steps.append(int(row["step"]))
-            d.text.append(_unstable_line(row))
+            d.text.append(_unstable_line(row, y_col))
     # The binding resource is named where throughput has stopped growing (at or past the knee), where the server is
     # full (at or past saturation), and where the load generator bound; never for an outlier (it says nothing of the
     # server) nor for a step after which throughput still rose beyond the noise.
@@ -321,12 +348,24 @@ def diagnose(table: pd.DataFrame) -> Diagnosis:
             continue
         else:
             later = kept[kept[key] > row[key]]
-            rose = any(knee_rules.clearly_above(r, row) for _, r in later.iterrows())
+            rose = any(knee_rules.clearly_above(r, row, y_col=y_col) for _, r in later.iterrows())
             resource = binding_resource(row)
             if rose and resource in (COMPUTE, UNKNOWN):
                 continue
         d.binding[step] = resource
         d.text.append(_binding_line(row, resource))
+        if step in gpu:  # next to the KV-cache verdict: what the GPU itself was doing
+            d.gpu_regime[step] = gpu[step].regime
+            d.text.append(roofline.regime_line(gpu[step], _load(row), row))
+    if gpu and not d.gpu_regime:
+        # No step binds (the curve still grows): one line at the knee, else at the highest load the GPUs were seen.
+        seen = rows[rows["step"].astype(int).isin(list(gpu))]
+        at = seen[seen["step"] == d.knee_step] if d.knee_step is not None else seen.iloc[0:0]
+        row = at.iloc[0] if len(at) else (seen.iloc[-1] if len(seen) else None)
+        if row is not None:
+            step = int(row["step"])
+            d.gpu_regime[step] = gpu[step].regime
+            d.text.append(roofline.regime_line(gpu[step], _load(row), row))
     for _, row in rows.iterrows():
         if schedule.flagged(row.get("schedule_behind")):
             d.text.append(schedule.behind_line(row))

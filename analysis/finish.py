@@ -20,14 +20,16 @@ from pathlib import Path
 import pandas as pd
 
 from . import __version__ as SUITE_VERSION
-from . import capacity, servers
+from . import capacity, roofline, servers
 from .adaptive import step_lengths_text
+from .arrivals import Arrivals, arrivals_of_run
 from .compare import Comparison, compare_runs
 from .diagnosis import Diagnosis, diagnose, worker_lines
+from .diskio import replace_file
 from .integrity import integrity
 from .live import close_open_steps
 from .outages import Outage, find_outages, outage_lines
-from .records import REQUEST_COLUMNS, REQUESTS_FILE, single_model
+from .records import REQUEST_COLUMNS, REQUESTS_FILE, UNREADABLE_LINES, single_model
 from .run import (
     REPORT_FILE,
     STEPS_FILE,
@@ -37,13 +39,15 @@ from .run import (
     dataset_info,
     efficiency_ceiling,
     error_limit,
+    images_info,
     merged,
     read_run,
     slo_gate,
     write_summary_md,
 )
 from .sse import CUT_OFF
-from .steps import format_table, timeline_from_records
+from .steps import close_unfinished, format_table, timeline_from_records
+from .turns import TURNS_FILE, format_turns, has_turns, turn_table
 
 
 @dataclass
@@ -68,6 +72,12 @@ class Outcome:
     outages: list[Outage] = field(default_factory=list)  # spans of refused connections (analysis.outages)
     comparisons: list[Comparison] = field(default_factory=list)  # --compare: this run against each other one
     capacity: dict | None = None  # --find-capacity: the search's result (analysis.capacity.result)
+    arrivals: Arrivals | None = None  # an open loop's inter-arrival times (analysis.arrivals); None in a closed loop
+    turns: pd.DataFrame | None = None  # turns.csv (analysis.turns): a conversation run's per-turn table, else None
+    # The GPUs' samples (analysis.gpu.gpu_series: empty without --gpu-metrics-url) and each step's roofline verdict
+    # (analysis.roofline.step_verdicts, per GPU too): the report draws and tabulates them, the diagnosis quotes them.
+    gpu_samples: pd.DataFrame | None = None
+    gpu_verdicts: dict[int, roofline.StepVerdict] = field(default_factory=dict)
 
     @property
     def errors_over_limit(self) -> bool:
@@ -113,19 +123,25 @@ def _summary(outcome: Outcome) -> dict:
         "finished_at": run.get("finished_at"),
         "options": run.get("options", {}),
         "dataset": dataset_info(run),
+        "trace": _trace(run, records),
+        "images": images_info(run),  # --images: count, width, height, format, reuse (None without)
         "models": sorted(records["model"].dropna().unique().tolist()),
         "requests": len(records),
         "ok": len(ok),
         "errors": {str(k): int(v) for k, v in errors.items()},
         "cut_off": int(cut.sum()),
-        "output_tokens": int(ok["output_tokens"].sum()) if len(ok) else 0,
+        # An embeddings run generates no tokens: its output_tokens is missing (null), not 0; its totals are these.
+        "output_tokens": None if _embeddings_run(records) else (int(ok["output_tokens"].sum()) if len(ok) else 0),
+        **({"embeddings": _embeddings_totals(run, ok)} if _embeddings_run(records) else {}),
         "steps": json.loads(outcome.table.to_json(orient="records")),  # NaN -> null: missing stays missing
+        **({} if outcome.turns is None else {"turns": json.loads(outcome.turns.to_json(orient="records"))}),
         "diagnosis": outcome.diagnosis.to_dict(),
         "outages": [o.to_dict() for o in outcome.outages],
         "integrity": outcome.integrity,
         "server_profile": run.get("server_profile"),
         "slo": outcome.slo,
         "capacity": outcome.capacity,
+        "arrivals": None if outcome.arrivals is None else outcome.arrivals.to_dict(),
         "ceiling": outcome.ceiling,
         "workers": run.get("workers") or [],
         "server_version": run.get("server_version"),
@@ -134,20 +150,60 @@ def _summary(outcome: Outcome) -> dict:
     }
 
 
+def _embeddings_run(records: pd.DataFrame) -> bool:
+    return "inputs" in records.columns and bool(pd.to_numeric(records["inputs"], errors="coerce").notna().any())
+
+
+def _embeddings_totals(run: dict, ok: pd.DataFrame) -> dict:
+    """summary.json's `embeddings`: the settings and the ok requests' inputs and prompt tokens (per step: `steps`)."""
+    options = run.get("options") or {}
+    prompt = pd.to_numeric(ok["prompt_tokens"], errors="coerce")
+    return {
+        "batch_size": options.get("batch_size"),
+        "encoding_format": options.get("encoding_format"),
+        "inputs": int(pd.to_numeric(ok["inputs"], errors="coerce").fillna(0).sum()),
+        "prompt_tokens": int(prompt.fillna(0).sum()) if prompt.notna().any() else None,
+    }
+
+
+def _trace(run: dict, records: pd.DataFrame) -> dict | None:
+    """--trace: run.json's trace (file, format, slice, speed, rows in the slice) and the rows sent and answered."""
+    trace = run.get("trace")
+    if not trace:
+        return None
+    rows = records["trace_row"] if "trace_row" in records.columns else pd.Series(dtype="Int64")
+    sent = records[rows.notna() & (records["error_type"] != CUT_OFF)]
+    return {**trace, "rows_sent": int(rows.notna().sum()), "rows_ok": int((sent["status"] == "ok").sum())}
+
+
 def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float | None = None) -> Outcome:
     """The table and the verdicts, each computed once; with write, the merged files and steps.csv are written."""
     run_dir = Path(run_dir)
     run = read_run(run_dir)
     full, metrics, generator = merged(run_dir, write=write)
+    unreadable = int(full.attrs.get(UNREADABLE_LINES, 0))  # record lines skipped by the merge (said once there)
     timeline = run.get("timeline") or timeline_from_records(full)
     if now is not None:
         timeline = close_open_steps(timeline, now)
+    else:
+        timeline = close_unfinished(timeline, full)
     run = {**run, "timeline": timeline}
     table = compute_table(full, timeline, metrics, generator)
     if write:
-        table.to_csv(run_dir / STEPS_FILE, index=False)
+        replace_file(run_dir / STEPS_FILE, table.to_csv(index=False))
     echo("\n" + format_table(table))
-    diagnosis = diagnose(table)
+    gpu_lines = roofline.console_lines(table)  # only when a step saw a GPU
+    if gpu_lines:
+        echo("\n".join(gpu_lines))
+    turns = None
+    if has_turns(full):  # a conversation run (--turns): the per-turn table after the step table
+        turns = turn_table(full, timeline, servers.of_run(run).cached_tokens_zero_omitted)
+        if write:
+            replace_file(run_dir / TURNS_FILE, turns.to_csv(index=False))
+        echo("\n" + format_turns(turns))
+    gpu_samples = roofline.samples(metrics)
+    gpu_verdicts = roofline.step_verdicts(gpu_samples, timeline)
+    diagnosis = diagnose(table, curve=not run.get("trace"), gpu=gpu_verdicts)  # a trace's windows: its load
     outages = find_outages(full, run.get("started_at"))
     ended = now is None  # a run in progress has no end yet
     lines = [
@@ -160,7 +216,7 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
     found = _capacity(run, full, timeline, table, diagnosis)
     records = full[REQUEST_COLUMNS]  # the rest needs no per-chunk lists: most of a long run's data
     del full
-    check = integrity(records, metrics, single_model(records), servers.of_run(run))  # the counters it speaks
+    check = integrity(records, metrics, single_model(records), servers.of_run(run), unreadable)  # its counters
     echo(_section("Integrity check", check["text"]))
     if found is not None:
         # The search's probes beyond the capacity broke objectives on purpose: its result replaces the gate.
@@ -169,6 +225,7 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
         echo(_section("SLO gate", gate["text"]))
     ceiling = efficiency_ceiling(run_dir, table, run)
     if ceiling is not None:
+        ceiling["text"] += roofline.ceiling_lines(table, ceiling)  # its bandwidth against the DRAM activity measured
         echo(_section("Efficiency ceiling", ceiling["text"]))
     errors = error_limit(records, (run.get("options") or {}).get("max_error_rate"))
     echo(errors["text"])
@@ -188,6 +245,10 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
         errors=errors,
         outages=outages,
         capacity=found,
+        arrivals=arrivals_of_run(records, run, table),
+        turns=turns,
+        gpu_samples=gpu_samples,
+        gpu_verdicts=gpu_verdicts,
     )
     outcome.summary = _summary(outcome)
     return outcome
@@ -224,7 +285,10 @@ def capacity_lines(result: dict) -> list[str]:
             f"{name} {c['verdict']}" + ("" if c.get("note") != capacity.FEW else " (few samples)")
             for name, c in p["objectives"].items()
         )
-        lines.append(f"Probe {p['probe']}: {capacity.load_text(p[key], mode)}: {p['verdict']} ({checks})")
+        stopped = ""
+        if p.get("interrupted"):
+            stopped = " (stopped before it was judged" + ("" if p.get("counted") else ": not counted") + ")"
+        lines.append(f"Probe {p['probe']}: {capacity.load_text(p[key], mode)}: {p['verdict']} ({checks}){stopped}")
     return lines
 
 
@@ -250,17 +314,22 @@ def finish_run(
     for comparison in outcome.comparisons:
         say(_section("Comparison", comparison.lines()))
     files = {STEPS_FILE: run_dir / STEPS_FILE}
+    if outcome.turns is not None:
+        files[TURNS_FILE] = run_dir / TURNS_FILE
     files[SUMMARY_MD_FILE] = write_summary_md(
         run_dir, outcome.table, outcome.slo, outcome.diagnosis_lines, outcome.run, outcome.capacity
     )
     files[SUMMARY_FILE] = run_dir / SUMMARY_FILE
-    files[SUMMARY_FILE].write_text(json.dumps(outcome.summary, indent=2, default=str))
-    say(f"\nResults: {run_dir / REQUESTS_FILE}, {run_dir / STEPS_FILE}")
+    replace_file(files[SUMMARY_FILE], json.dumps(outcome.summary, indent=2, default=str))
+    say(
+        f"\nResults: {run_dir / REQUESTS_FILE}, {run_dir / STEPS_FILE}"
+        + ("" if outcome.turns is None else f", {run_dir / TURNS_FILE}")
+    )
     if report:
         from .report import build_report  # plotly is only imported when a report is written
 
         files[REPORT_FILE] = run_dir / REPORT_FILE
-        files[REPORT_FILE].write_text(build_report(outcome, compare), encoding="utf-8")
+        replace_file(files[REPORT_FILE], build_report(outcome, compare))
         say(f"Report: {files[REPORT_FILE]}")
     outcome.files = files
     outcome.console = "\n".join(console)
@@ -277,6 +346,21 @@ def _comparisons(outcome: Outcome, others: list[Path]) -> list[Comparison]:
             this_name, other_name = str(outcome.run_dir), str(other)
         out.append(compare_runs(outcome.table, pd.read_csv(other / STEPS_FILE), this_name, other_name))
     return out
+
+
+def compute_run(run_dir: Path, echo: Callable[[str], None] | None = None) -> Outcome:
+    """The outcome of a finished run, computed without writing anything: what the end of a run prints when its
+    files cannot be written (a full disk); `echo` gets the console text as finish_run's."""
+    console: list[str] = []
+
+    def say(text: str) -> None:
+        console.append(text)
+        if echo is not None:
+            echo(text)
+
+    outcome = _compute(Path(run_dir), write=False, echo=say)
+    outcome.console = "\n".join(console)
+    return outcome
 
 
 def compute_so_far(run_dir: Path, now: float | None = None) -> Outcome:

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from . import glossary
+from .diskio import replace_parquet
 from .glossary import flagged
 from .records import RECEIVED_DIR, read_jsonl
 from .thresholds import CPU_BOUND, LAG_BOUND_S, PROBE_INTERVAL_S  # noqa: F401 (re-exported)
@@ -112,9 +111,7 @@ def merge_generator(run_dir: Path, write: bool = True) -> pd.DataFrame:
     df = pa.Table.from_pylist(rows, schema=SCHEMA).to_pandas()
     df = df.drop_duplicates(["worker", "timestamp"]).sort_values(["worker", "timestamp"]).reset_index(drop=True)
     if write:
-        tmp = run_dir / (GENERATOR_FILE + ".tmp")
-        pq.write_table(pa.Table.from_pandas(df, schema=SCHEMA, preserve_index=False), tmp)
-        os.replace(tmp, run_dir / GENERATOR_FILE)
+        replace_parquet(run_dir / GENERATOR_FILE, pa.Table.from_pandas(df, schema=SCHEMA, preserve_index=False))
     return df
 
 

@@ -22,6 +22,8 @@ import pandas as pd
 from .histograms import NARROW_BUCKET, from_columns
 from .thresholds import (
     CPU_BOUND,
+    DRAM_ACTIVE_HIGH,
+    GPU_ACTIVE_LOW,
     KNEE_GAIN,
     LAG_BOUND_S,
     LAG_CEILING_S,
@@ -29,6 +31,7 @@ from .thresholds import (
     LAG_SHARE,
     OUTLIER_MARGIN,
     PROBE_INTERVAL_S,
+    SM_ACTIVE_SATURATED,
     STABLE_TOLERANCE,
 )
 
@@ -49,7 +52,10 @@ _METRICS = [
         "text is empty; without: the first chunk with a choice that is not a role-only chat delta).",
     ),
     Metric(
-        "e2e_s", "s", "End-to-end latency: from sending the request to the arrival of the last token-carrying chunk."
+        "e2e_s",
+        "s",
+        "End-to-end latency: from sending the request to the arrival of the last token-carrying chunk "
+        "(an embeddings request, which does not stream: to the arrival of the last byte of its body).",
     ),
     Metric(
         "output_tokens",
@@ -70,9 +76,57 @@ _METRICS = [
     ),
     Metric("per_request_tok_s", "tokens/s", "Per-request throughput: output_tokens / e2e_s."),
     Metric(
+        "ttfo_s",
+        "s",
+        "Time to first output token: from sending the request to the arrival of the first chunk that carries an "
+        "answer token (delta.content) or a tool-call token (delta.tool_calls), what the user waits for; ttft_s "
+        "counts the first token of any kind, thinking included. The same as ttft_s when the model does not reason; "
+        "none when the stream carried reasoning only (the thought never closed: no answer token). A chunk that "
+        "ends the thought and starts the answer is the answer's first chunk. Per step, a request without an answer "
+        "token counts as never answered (+inf) in the TTFO percentiles, so they cannot read better than the "
+        "requests did.",
+    ),
+    Metric(
+        "reasoning_tokens",
+        "tokens",
+        "Output tokens that came in reasoning chunks (delta.reasoning in vLLM 0.32, delta.reasoning_content in "
+        "older versions and other servers): with continuous usage the tokens each reasoning chunk carried (its "
+        "increase of completion_tokens); without, the server's usage.completion_tokens_details.reasoning_tokens "
+        "when it sends one, else one per reasoning chunk. 0 when nothing reasoned; none when no token came.",
+    ),
+    Metric(
+        "reasoning_time",
+        "s",
+        "ttfo_s - ttft_s: from the first token to the first answer token, the time spent reasoning (0 without "
+        "reasoning); none without an answer token.",
+    ),
+    Metric(
+        "answer_tpot_s",
+        "s",
+        "Time per output token of the answer alone: (e2e_s - ttfo_s) / (output_tokens - reasoning_tokens - 1); none "
+        "when the answer has at most one token. tpot_s stays over all output tokens, thinking included.",
+    ),
+    Metric(
+        "reasoning_share",
+        "fraction",
+        "Per step: sum of reasoning_tokens / sum of output_tokens over the measured ok requests that carry both.",
+    ),
+    Metric(
         "aggregate_tok_s",
         "tokens/s",
         "Aggregate throughput: output tokens of the ok requests that completed inside a window / window length.",
+    ),
+    Metric(
+        "inputs_per_s",
+        "inputs/s",
+        "Embeddings throughput: inputs (texts embedded, --batch-size per request) of the ok requests that completed "
+        "inside a window / window length.",
+    ),
+    Metric(
+        "prompt_tok_s",
+        "tokens/s",
+        "Prompt throughput: the server's usage.prompt_tokens of the ok requests that completed inside a window / "
+        "window length (an embeddings run's token rate; a chat or completions run's prefill rate).",
     ),
 ]
 
@@ -210,7 +264,8 @@ _METRICS += [
     Metric(
         "achieved_rps",
         "requests/s",
-        "Requests sent in a step's measured window (send stamp inside it, any outcome) / window length.",
+        "Requests sent in a step's measured window (send stamp inside it, any outcome) / window length; in an "
+        "open loop of conversations (--turns), first turns only: the rate of new conversations.",
     ),
     Metric(
         "intended_start_time",
@@ -265,6 +320,22 @@ _METRICS += [
         "step (no neighbour on one side).",
     ),
 ]
+
+# GPU telemetry from NVIDIA's dcgm-exporter (--gpu-metrics-url; analysis/gpu.py).
+_DCGM = "one sample per GPU per scrape of --gpu-metrics-url (dcgm-exporter)"
+_METRICS += [
+    Metric("gpu_util", "fraction", f"DCGM_FI_DEV_GPU_UTIL / 100: the share of time one or more kernels ran on the GPU, "
+           f"{_DCGM}. A GPU running one small kernel all the time reads 1: it says busy, not how much of it works."),
+    Metric("gpu_sm_active", "fraction", "DCGM_FI_PROF_SM_ACTIVE: the share of cycles an SM has at least one warp "
+           "assigned, averaged over the SMs (a profiling field: datacenter GPUs only, and not in dcgm-exporter's "
+           f"default counters), {_DCGM}."),
+    Metric("gpu_dram_active", "fraction", "DCGM_FI_PROF_DRAM_ACTIVE: the share of cycles the device memory interface "
+           "is sending or receiving data, i.e. the share of peak memory bandwidth used (a profiling field: datacenter "
+           f"GPUs only), {_DCGM}."),
+    Metric("gpu_mem_used", "bytes", f"DCGM_FI_DEV_FB_USED (MiB) * 2**20: framebuffer memory in use, {_DCGM}. vLLM "
+           "reserves its KV cache at start, so this stays near --gpu-memory-utilization whatever the load."),
+    Metric("gpu_power", "W", f"DCGM_FI_DEV_POWER_USAGE: the board's power draw, {_DCGM}."),
+]  # fmt: skip
 
 GLOSSARY: dict[str, Metric] = {m.name: m for m in _METRICS}
 
@@ -333,6 +404,57 @@ def intended_s(latency_s: float | None, lag_s: float | None) -> float | None:
     return latency_s + lag_s
 
 
+def reasoning_time_s(ttft: float | None, ttfo: float | None) -> float | None:
+    """Reasoning time = TTFO - TTFT; None without an answer token (or without a first token)."""
+    if ttft is None or ttfo is None:
+        return None
+    return ttfo - ttft
+
+
+def answer_tokens(output_tokens: int | None, reasoning_tokens: int | None) -> int | None:
+    """Answer tokens = output_tokens - reasoning_tokens (tool-call tokens included); None when either is missing."""
+    if output_tokens is None or reasoning_tokens is None:
+        return None
+    return output_tokens - reasoning_tokens
+
+
+def answer_tpot_s(
+    e2e: float | None, ttfo: float | None, output_tokens: int | None, reasoning_tokens: int | None
+) -> float | None:
+    """Answer TPOT = (E2E - TTFO) / (output_tokens - reasoning_tokens - 1); None when the answer has <= 1 token."""
+    answer = answer_tokens(output_tokens, reasoning_tokens)
+    if e2e is None or ttfo is None or answer is None or answer <= 1:
+        return None
+    return (e2e - ttfo) / (answer - 1)
+
+
+def reasoning_share(
+    reasoning_tokens: Sequence[float] | np.ndarray, output_tokens: Sequence[float] | np.ndarray
+) -> float:
+    """Reasoning share = sum(reasoning_tokens) / sum(output_tokens) over the requests with both; NaN without output."""
+    r = np.asarray(reasoning_tokens, dtype=float)
+    o = np.asarray(output_tokens, dtype=float)
+    both = ~np.isnan(r) & ~np.isnan(o)
+    total = float(o[both].sum())
+    return float(r[both].sum()) / total if total > 0 else math.nan
+
+
+def ttfo_values(requests: pd.DataFrame) -> np.ndarray:
+    """Per request, ttfo_s for the TTFO statistics: +inf (never answered) where tokens came but no answer token
+    (reasoning_tokens known, ttfo_s missing); NaN where unknown (records written before TTFO existed)."""
+    ttfo = numeric_column(requests, "ttfo_s")
+    never = np.isnan(ttfo) & ~np.isnan(numeric_column(requests, "reasoning_tokens"))
+    ttfo[never] = math.inf
+    return ttfo
+
+
+def numeric_column(frame: pd.DataFrame, column: str) -> np.ndarray:
+    """A column as floats (None and absent: NaN), a copy."""
+    if column not in frame.columns:
+        return np.full(len(frame), math.nan)
+    return pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float, copy=True)
+
+
 # --- statistics shared by every table ------------------------------------------------------------------------
 
 
@@ -343,6 +465,23 @@ def percentile(values: Sequence[float] | np.ndarray | pd.Series, q: float) -> fl
     if arr.size == 0:
         return math.nan
     return float(np.percentile(arr, q))
+
+
+def percentile_never(values: Sequence[float] | np.ndarray | pd.Series, q: float) -> float:
+    """percentile() where +inf (never) ranks above every finite value: with h = (n - 1) q / 100, x_(floor h) +
+    frac(h) (x_(floor h + 1) - x_(floor h)) over the sorted values, inf once it reaches an inf; NaN when none."""
+    arr = np.asarray(values, dtype=float)
+    arr = arr[~np.isnan(arr)]
+    never = np.isposinf(arr)
+    if not never.any():
+        return percentile(arr, q)
+    finite = np.sort(arr[~never])
+    h = (arr.size - 1) * q / 100
+    lo = math.floor(h)
+    frac = h - lo
+    if lo >= finite.size or (frac > 0 and lo + 1 >= finite.size):
+        return math.inf
+    return float(finite[lo] + frac * (finite[lo + 1] - finite[lo])) if frac > 0 else float(finite[lo])
 
 
 def mean(values: Sequence[float] | np.ndarray | pd.Series) -> float:
@@ -370,8 +509,12 @@ OPEN_LOOP = "open_loop"  # steps.csv: open-loop (--rates) columns
 UNCERTAINTY = "uncertainty"  # steps.csv: confidence intervals and suspect steps, after the open-loop columns
 SERVER_BOUNDS = "server_bounds"  # steps.csv: the bounds of the server's histogram quantiles, after the intervals
 STEP_END = "step_end"  # steps.csv: why each step ended (--step-duration auto), last
+REASONING = "reasoning"  # steps.csv: reasoning and tool calls (TTFO, reasoning tokens), after why each step ended
+EMBEDDINGS = "embeddings"  # steps.csv: inputs/s, prompt tok/s and E2E percentiles, after the reasoning section
+GPU = "gpu"  # steps.csv: the step's window in Unix time and the GPU exporters' telemetry (issue 20), last
 REQUESTS = "requests"  # requests.parquet: one row per request
 LIVE = "live"  # the web UI's LLM tab only: the server's latest gauges and the row's scope (written nowhere)
+TURNS = "turns"  # turns.csv: one row per turn of the conversations (--turns), written only in multi-turn runs
 
 # A format is a kind and a number of decimals: ms1 = seconds shown as ms with 1 decimal, pct0 = a fraction as a
 # whole percentage, num2 = 2 decimals, int = a count, g = as short as exact, flag = the column's word when true /
@@ -422,6 +565,7 @@ class Column:
     # A histogram quantile: the (low, high) columns of the bounds it lies between; shown as what they allow
     bounds: tuple[str, str] | None = None
     compute: Callable[[StepData], object] | None = field(default=None, compare=False, repr=False)
+    inf_text: str | None = None  # how +inf reads (a TTFO percentile reached by requests never answered)
 
     def __post_init__(self) -> None:
         for fmt in (self.fmt, self.web_fmt):
@@ -440,6 +584,8 @@ class Column:
 
     def show(self, value: object, web: bool = False) -> str:
         """The value as text in this column's format (the web UI's when `web`)."""
+        if self.inf_text is not None and isinstance(value, float) and value == math.inf:
+            return self.inf_text
         return format_value(value, (self.web_fmt or self.fmt) if web else self.fmt, self.flag)
 
     def cell(self, row: dict, web: bool = False) -> str:
@@ -492,7 +638,7 @@ def format_value(value: object, fmt: str, flag: str | None = None) -> str:
     if kind == "pct":
         return f"{v:.{d}%}"
     if kind == "g":
-        return f"{v:g}"
+        return f"{round(v, 3):g}"  # a trace window's rate (rows / length) has no short decimal form
     return f"{v:.{d}f}"
 
 
@@ -676,12 +822,15 @@ _OK_INTENDED = "the step's measured ok requests, counted from the intended send 
 
 # steps.csv, open loop (--rates; empty in a closed loop but achieved_rps), last (analysis/schedule.py).
 _OPEN_LOOP_COLUMNS = [
-    Column("rate_rps", OPEN_LOOP, "requests/s", "Intended request rate of a rate step (--rates), all processes.",
-           "the step's --rates value", label="Rate (req/s)", header="rate req/s", fmt="g", web_fmt="num2",
+    Column("rate_rps", OPEN_LOOP, "requests/s", "Intended request rate of a rate step (--rates), all processes; "
+           "a trace replay's window: the rate its rows were scheduled at.",
+           "the step's --rates value; a trace window: its rows / its length", label="Rate (req/s)",
+           header="rate req/s", fmt="g", web_fmt="num2",
            metric="rate_rps"),
-    Column("achieved_rps", OPEN_LOOP, "requests/s", "Requests sent in the step's measured window per second.",
-           "requests whose start_time lies in the window / window_s", label="Achieved (req/s)", header="achieved",
-           fmt="num2", metric="achieved_rps"),
+    Column("achieved_rps", OPEN_LOOP, "requests/s", "Requests sent in the step's measured window per second "
+           "(a rate step of conversations: new conversations).",
+           "requests whose start_time lies in the window (a rate step of conversations: turn 1 only) / window_s",
+           label="Achieved (req/s)", header="achieved", fmt="num2", metric="achieved_rps"),
     Column("schedule_lag_p50_s", OPEN_LOOP, "s", f"Median schedule lag of {_SENT}.", "percentile(schedule_lag_s, 50)",
            label="Schedule lag p50", header="lag p50", fmt="ms1", metric="schedule_lag_s"),
     Column("schedule_lag_p99_s", OPEN_LOOP, "s", f"99th percentile of the schedule lag of {_SENT}.",
@@ -780,7 +929,119 @@ _STEP_END_COLUMNS = [
            fmt="int"),
 ]  # fmt: skip
 
+_NO_ANSWER = "no answer"  # a TTFO percentile that requests never answered reach (+inf)
+_NEVER = (
+    '; a request without an answer token counts as never answered (+inf: shown "no answer"), so the '
+    "percentile is inf once its rank reaches them"
+)
+
+
+def _ttfo_percentiles() -> list[Column]:
+    return [
+        Column(f"ttfo_p{q}_s", REASONING, "s", f"{q}th percentile of the TTFO of {_MEASURED}: the wait for the "
+               f"first answer or tool-call token{_NEVER}.", f"percentile(ttfo_s, {q}), no answer = +inf",
+               label=f"TTFO p{q}", header=f"TTFO p{q}", fmt="ms1", metric="ttfo_s", inf_text=_NO_ANSWER)
+        for q in (50, 95, 99)
+    ]  # fmt: skip
+
+
+# steps.csv, reasoning and tool calls (analysis/reasoning.py), after why each step ended: steps.csv only gains
+# columns at its end. Written for every run (a run that does not reason has TTFO = TTFT, 0 reasoning tokens); the
+# console and the report show them only when a request reasoned or called a tool.
+_REASONING_COLUMNS = [
+    *_ttfo_percentiles(),
+    Column("reasoning_tokens_mean", REASONING, "tokens", f"Mean reasoning tokens per request of {_MEASURED}.",
+           "mean(reasoning_tokens)", label="Reasoning tokens mean", header="reasoning tok", fmt="num0",
+           metric="reasoning_tokens"),
+    Column("reasoning_share", REASONING, "fraction", f"Share of the output tokens of {_MEASURED} that were "
+           "reasoning.", "sum(reasoning_tokens) / sum(output_tokens)", label="Reasoning share",
+           header="reasoning share", fmt="pct0", metric="reasoning_share"),
+    Column("answer_tpot_p50_s", REASONING, "s", f"Median answer-only TPOT of {_MEASURED}; answers of one token "
+           "have none.", "percentile(answer_tpot_s, 50)", label="Answer TPOT p50", header="answer TPOT p50",
+           fmt="ms1", web_fmt="ms2", metric="answer_tpot_s"),
+    Column("no_answer_requests", REASONING, "requests", f"How many of {_MEASURED} had no answer token: the "
+           "stream ended inside the thought (max_tokens reached while reasoning, or a model that never closes it).",
+           "count of ttfo_s missing with reasoning_tokens known; empty for records without them", label="No answer",
+           header="no answer", fmt="int", metric="ttfo_s"),
+    Column("tool_call_requests", REASONING, "requests", f"How many of {_MEASURED} streamed a tool call.",
+           "count of tool_call_chunks > 0", label="Tool-call requests", header="tool calls", fmt="int"),
+    *[c for name in ("ttfo_p50_s", "ttfo_p95_s", "ttfo_p99_s")
+      for c in (Column(f"{name}_ci_{end}", REASONING, "s", f"{word} bound of the {_CI} of {name}.",
+                       "order statistics [x_(l), x_(u)] of the raw values, a request never answered +inf (so a bound "
+                       "whose rank reaches them is inf), ranks from Binomial(n, q); empty when n < 10 / (1 - q) "
+                       "(the console marks the value ~)", label=f"{name[:4].upper()} {name[5:8]} CI {end}",
+                       fmt="ms1", metric="ttfo_s", inf_text=_NO_ANSWER)
+                for end, word in (("low", "Lower"), ("high", "Upper")))],
+]  # fmt: skip
+
+_E2E_ORDER_STATS = (
+    "order statistics [x_(l), x_(u)] of the raw e2e_s values, ranks from Binomial(n, q); empty when n < 10 / (1 - q)"
+)
+_COMPLETED = "the ok requests (any step) that completed inside the step's measured window"
+
+
+def _emb_ci(name: str, label: str, unit: str, fmt: str, how: str, metric: str) -> list[Column]:
+    """The <name>_ci_low and <name>_ci_high columns of an embeddings step value."""
+    return [Column(f"{name}_ci_{end}", EMBEDDINGS, unit, f"{word} bound of the {_CI} of {name}.", how,
+                   label=f"{label} CI {end}", fmt=fmt, metric=metric)
+            for end, word in (("low", "Lower"), ("high", "Upper"))]  # fmt: skip
+
+
+# steps.csv, embeddings (issue 19): last in steps.csv (analysis/embeddings.py). Written for every run; inputs_per_s
+# is empty outside an embeddings run, prompt_tok_s is a chat or completions run's prefill rate.
+_EMBEDDINGS_COLUMNS = [
+    Column("inputs_per_s", EMBEDDINGS, "inputs/s", f"Inputs embedded per second: inputs of {_COMPLETED} / window_s; "
+           "empty when no record carries inputs (not an embeddings run).", "sum(inputs) / window_s",
+           label="Inputs/s", header="inputs/s", fmt="num1", metric="inputs_per_s"),
+    Column("prompt_tok_s", EMBEDDINGS, "tokens/s", f"Prompt tokens per second: the server's prompt_tokens of "
+           f"{_COMPLETED} / window_s; empty when no record carries prompt_tokens.", "sum(prompt_tokens) / window_s",
+           label="Prompt tok/s", header="prompt tok/s", fmt="num1", metric="prompt_tok_s"),
+    *[Column(f"e2e_p{q}_s", EMBEDDINGS, "s", f"{q}th percentile of e2e_s over {_MEASURED}.", f"percentile(e2e_s, {q})",
+             label=f"E2E p{q}", header=f"E2E p{q}" if q == 50 else f"p{q}", fmt="ms1", metric="e2e_s")
+      for q in (50, 95, 99)],
+    *_emb_ci("inputs_per_s", "Inputs/s", "inputs/s", "num1", _BATCH_MEANS.replace("tokens", "inputs"), "inputs_per_s"),
+    *_emb_ci("prompt_tok_s", "Prompt tok/s", "tokens/s", "num1", _BATCH_MEANS, "prompt_tok_s"),
+    *[c for q in (50, 95, 99) for c in _emb_ci(f"e2e_p{q}_s", f"E2E p{q}", "s", "ms1", _E2E_ORDER_STATS, "e2e_s")],
+    # The halves `stable` compares in an embeddings run (its tok/s halves are empty: no output tokens).
+    Column("inputs_per_s_first_half", EMBEDDINGS, "inputs/s", "Inputs/s over the first half of the step's measured "
+           "window.", "inputs of the ok requests completed in [measure_start, mid) / (window_s / 2)",
+           label="Inputs/s, 1st half", metric="inputs_per_s"),
+    Column("inputs_per_s_second_half", EMBEDDINGS, "inputs/s", "Inputs/s over the second half of the step's measured "
+           "window.", "inputs of the ok requests completed in [mid, end) / (window_s / 2)",
+           label="Inputs/s, 2nd half", metric="inputs_per_s"),
+]  # fmt: skip
+
 # requests.parquet: one row per request, in analysis/records.py SCHEMA's order.
+_GPU_MEAN = "mean over the GPUs with samples in the window of each GPU's mean over its samples inside it"
+
+# steps.csv, GPU (issue 20): last in steps.csv (analysis/gpu.py). Written for every run: the window's Unix times
+# always, the GPU columns empty without --gpu-metrics-url or when a GPU does not export the field (never 0).
+_GPU_COLUMNS = [
+    Column("window_start_time", GPU, "Unix s", "Start of the step's measured window (after its warm-up), in Unix "
+           "seconds: joins any time series (Prometheus, DCGM, logs) to the step.", "measure_start",
+           label="Window start (Unix s)", fmt="num3"),
+    Column("window_end_time", GPU, "Unix s", "End of the step's measured window, in Unix seconds; empty while the "
+           "step runs.", "end_time", label="Window end (Unix s)", fmt="num3"),
+    Column("gpus", GPU, "GPUs", "GPUs with DCGM samples inside the window, over every --gpu-metrics-url; empty without "
+           "GPU telemetry.", "count of distinct gpu_key (<Hostname>/<gpu>)", label="GPUs", header="gpus", fmt="int"),
+    Column("gpu_util_mean", GPU, "fraction", "Mean GPU utilization (time a kernel ran) in the window.",
+           f"{_GPU_MEAN}, of DCGM_FI_DEV_GPU_UTIL / 100", label="GPU util", header="util", fmt="pct0",
+           metric="gpu_util"),
+    Column("gpu_sm_active_mean", GPU, "fraction", "Mean SM activity in the window; empty for a GPU without profiling "
+           "fields.", f"{_GPU_MEAN}, of DCGM_FI_PROF_SM_ACTIVE", label="SM active", header="SM", fmt="num2",
+           metric="gpu_sm_active"),
+    Column("gpu_dram_active_mean", GPU, "fraction", "Mean DRAM (memory-interface) activity in the window: the share "
+           "of peak memory bandwidth used; empty for a GPU without profiling fields.",
+           f"{_GPU_MEAN}, of DCGM_FI_PROF_DRAM_ACTIVE", label="DRAM active", header="DRAM", fmt="num2",
+           metric="gpu_dram_active"),
+    Column("gpu_mem_used_max_bytes", GPU, "bytes", "Most framebuffer memory any GPU used in the window.",
+           "max over the GPUs and their samples inside the window, of DCGM_FI_DEV_FB_USED * 2**20",
+           label="GPU memory max (bytes)", header="mem max", fmt="int", metric="gpu_mem_used"),
+    Column("gpu_power_mean_w", GPU, "W", "Mean power draw per GPU in the window.",
+           f"{_GPU_MEAN}, of DCGM_FI_DEV_POWER_USAGE", label="GPU power (W)", header="power W", fmt="num0",
+           metric="gpu_power"),
+]  # fmt: skip
+
 _REQUEST_COLUMNS = [
     Column("request_id", REQUESTS, "text", "Unique id of the request, given by the client.", live=True),
     Column("worker", REQUESTS, "text", "The load-generating process that sent it (<host>-<pid>)."),
@@ -788,7 +1049,7 @@ _REQUEST_COLUMNS = [
     Column("users", REQUESTS, "users", "Its step's target users, all processes together.", live=True),
     Column("warmup", REQUESTS, "bool", "Sent during its step's warm-up (--step-warmup): not measured.", live=True),
     Column("start_time", REQUESTS, "s", "Unix time of the send stamp (the request's bytes written).", live=True),
-    Column("endpoint", REQUESTS, "text", "The API it called: completions or chat."),
+    Column("endpoint", REQUESTS, "text", "The API it called: completions, chat or embeddings."),
     Column("model", REQUESTS, "text", "The model it asked for."),
     Column("status", REQUESTS, "text", "ok or error.", live=True),
     Column("error_type", REQUESTS, "text", "The failure's category (e.g. timeout, connection_error, stream_error; "
@@ -797,7 +1058,8 @@ _REQUEST_COLUMNS = [
     Column("http_status", REQUESTS, "code", "The response's HTTP status; none when no response came."),
     Column("ttft_s", REQUESTS, "s", "Time to first token.", "arrival offset of the first token-carrying chunk",
            metric="ttft_s", live=True),
-    Column("e2e_s", REQUESTS, "s", "End-to-end latency.", "arrival offset of the last token-carrying chunk",
+    Column("e2e_s", REQUESTS, "s", "End-to-end latency.", "arrival offset of the last token-carrying chunk (an "
+           "embeddings request: of the body's last byte)",
            metric="e2e_s", live=True),
     Column("tpot_s", REQUESTS, "s", "Time per output token.", "(e2e_s - ttft_s) / (output_tokens - 1); none when "
            "output_tokens <= 1", metric="tpot_s", live=True),
@@ -807,7 +1069,7 @@ _REQUEST_COLUMNS = [
            "token-carrying chunks", metric="output_tokens", live=True),
     Column("output_tokens_estimated", REQUESTS, "bool", "output_tokens counted from chunks: the server sent no "
            "usage."),
-    Column("prompt_tokens", REQUESTS, "tokens", "The server's usage.prompt_tokens; none without usage."),
+    Column("prompt_tokens", REQUESTS, "tokens", "The server's usage.prompt_tokens; none without usage.", live=True),
     Column("chunks", REQUESTS, "chunks", "Token-carrying chunks received.", "len(chunk_offsets_s)"),
     Column("finish_reason", REQUESTS, "text", "The server's finish_reason (stop, length, ...)."),
     Column("chunk_offsets_s", REQUESTS, "s", "Arrival offset of each token-carrying chunk, from the send stamp.",
@@ -822,6 +1084,40 @@ _REQUEST_COLUMNS = [
            "a closed loop.", "Unix time", metric="intended_start_time", live=True),
     Column("schedule_lag_s", REQUESTS, "s", "Open loop: how late it was sent; none in a closed loop.",
            "start_time - intended_start_time", metric="schedule_lag_s", live=True),
+    Column("session_id", REQUESTS, "text", "Conversations (--turns): the conversation this request is a turn of; "
+           "none in single-turn runs."),
+    Column("turn", REQUESTS, "index", "Conversations (--turns): its turn in the conversation, 1-based; none in "
+           "single-turn runs."),
+    Column("history_tokens", REQUESTS, "tokens", "Conversations (--turns): prompt tokens that repeat the "
+           "conversation so far (earlier turns and answers); 0 on the first turn, none in single-turn runs.",
+           "prompt_tokens of the previous turn + its output_tokens (the server's counts)"),
+    Column("cached_prompt_tokens", REQUESTS, "tokens", "Prompt tokens the server found in its prefix cache, from "
+           "its usage.prompt_tokens_details.cached_tokens (vLLM with --enable-prompt-tokens-details); none when the "
+           "server does not send it."),
+    Column("trace_row", REQUESTS, "index", "Trace replay (--trace): the 0-based row of the trace file this request "
+           "replays; none otherwise."),
+    Column("reasoning_tokens", REQUESTS, "tokens", "Output tokens that came in reasoning deltas (delta.reasoning or "
+           "delta.reasoning_content): the model thinking before it answers; 0 when none did, none when no token "
+           "came.", "sum of the tokens of reasoning chunks (exact with continuous usage; without: the server's "
+           "usage.completion_tokens_details.reasoning_tokens, else one per reasoning chunk)",
+           metric="reasoning_tokens", live=True),
+    Column("ttfo_s", REQUESTS, "s", "Time to first output token: the first answer (delta.content) or tool-call token, "
+           "what the user waits for; none when the stream had none (a thought never closed).",
+           "arrival offset of the first answer or tool-call chunk", metric="ttfo_s", live=True),
+    Column("tool_call_chunks", REQUESTS, "chunks", "Token-carrying chunks that streamed a tool call "
+           "(delta.tool_calls); none when no token came.", "count", live=True),
+    Column("answer_tpot_s", REQUESTS, "s", "Time per output token of the answer alone (after the thinking).",
+           "(e2e_s - ttfo_s) / (output_tokens - reasoning_tokens - 1); none when the answer has <= 1 token",
+           metric="answer_tpot_s", live=True),
+    Column("inputs", REQUESTS, "inputs", "Embeddings (--endpoint embeddings): the inputs the request carried "
+           "(--batch-size); none for the streaming endpoints.", live=True),
+    Column("images", REQUESTS, "images", "Chat with --images: the images the request carried; none without "
+           "images."),
+    Column("measured", REQUESTS, "bool", "Counted by the step table (steps.csv): sent after its step's warm-up and "
+           "finished before the load generator began to stop. False for the warm-up's requests and for those in "
+           "flight at the stop (their timings are real but not part of any step's statistics); decided when the run "
+           "is merged, so none in records/*.jsonl and in a requests.parquet written before this column existed.",
+           "not warmup and start_time + duration_s <= the timeline's last end_time and error_type != cut_off"),
 ]  # fmt: skip
 
 # The web UI's LLM tab only: the row's scope and the server's gauges from the latest scrape.
@@ -836,6 +1132,83 @@ _LIVE_COLUMNS = [
            "vllm:num_requests_waiting", label="Waiting (latest)", fmt="int", metric="waiting"),
 ]  # fmt: skip
 
+_TURN = "the turn's measured ok requests (every step's: started after its warm-up, not cut off)"
+_CACHED = "the turn's measured ok requests that carry cached_prompt_tokens"
+
+# turns.csv: one row per turn index of the conversations (analysis/turns.py), from requests.parquet.
+_TURN_COLUMNS = [
+    Column("turn", TURNS, "index", "The turn of the conversations, 1-based: every conversation's k-th request.",
+           label="Turn", header="turn", fmt="int"),
+    Column("requests", TURNS, "requests", f"Ok requests measured: the count of {_TURN}.", "count",
+           label="Requests ok", header="reqs", fmt="int"),
+    Column("errors", TURNS, "requests", "Failed requests of the turn started after their step's warm-up, not cut "
+           "off.", "count", label="Errors", header="errors", fmt="int"),
+    Column("prompt_tokens_mean", TURNS, "tokens", f"Mean prompt length of {_TURN}: the whole history resent, plus "
+           "the new user message.", "mean(prompt_tokens)", label="Prompt tokens mean", header="prompt tok",
+           fmt="num0"),
+    Column("history_tokens_mean", TURNS, "tokens", f"Mean of the prompt tokens that repeat the conversation so far, "
+           f"over {_TURN}; 0 on turn 1.", "mean(history_tokens)", label="History tokens mean", header="history tok",
+           fmt="num0"),
+    Column("ttft_p50_s", TURNS, "s", f"Median TTFT of {_TURN}.", "percentile(ttft_s, 50)", label="TTFT p50",
+           header="TTFT p50", fmt="ms1", metric="ttft_s"),
+    Column("ttft_p95_s", TURNS, "s", f"95th percentile of the TTFT of {_TURN}.", "percentile(ttft_s, 95)",
+           label="TTFT p95", header="p95", fmt="ms1", metric="ttft_s"),
+    Column("tpot_p50_s", TURNS, "s", f"Median TPOT of {_TURN}; one-token answers have none.",
+           "percentile(tpot_s, 50)", label="TPOT p50", header="TPOT p50", fmt="ms1", web_fmt="ms2",
+           metric="tpot_s"),
+    Column("prefix_cache_hit_rate", TURNS, "fraction", "Share of the turn's prompt tokens the server found in its "
+           f"prefix cache, per request from its usage (not its /metrics counters), over {_CACHED}; empty when none "
+           "does (the server sent no cached_tokens: vLLM without --enable-prompt-tokens-details), never 0. With "
+           "SGLang, which leaves out a zero, an ok request with usage but without it counts as 0 cached when other "
+           "requests of the run carry it.", "sum(cached_prompt_tokens) / sum(prompt_tokens)",
+           label="Prefix-cache hit rate", header="prefix hits", fmt="pct0"),
+    Column("prefix_cache_requests", TURNS, "requests", f"How many requests the hit rate is over: {_CACHED}.",
+           "count", label="Requests with cached tokens", fmt="int"),
+    *[Column(f"{name}_ci_{end}", TURNS, "s", f"{word} bound of the {_CI} of {name}.", _ORDER_STATS,
+             label=f"{label} CI {end}", fmt="ms1", metric=metric)
+      for name, label, metric in (("ttft_p50_s", "TTFT p50", "ttft_s"), ("ttft_p95_s", "TTFT p95", "ttft_s"),
+                                  ("tpot_p50_s", "TPOT p50", "tpot_s"))
+      for end, word in (("low", "Lower"), ("high", "Upper"))],
+    *[Column(f"prefix_cache_hit_rate_ci_{end}", TURNS, "fraction", f"{word} bound of the {_CI} of "
+             "prefix_cache_hit_rate.", "ratio estimator R = sum(c) / sum(p) over the n requests: R ± t(n - 1, "
+             "0.975) * sqrt(sum((c - R p)^2) / (n - 1)) / (sqrt(n) * mean(p)), clipped to [0, 1]; the requests of a "
+             "turn are of different conversations, so independent; empty below 2 requests",
+             label=f"Prefix-cache hit rate CI {end}", fmt="pct0")
+      for end, word in (("low", "Lower"), ("high", "Upper"))],
+    Column("few_samples", TURNS, "text", "The turn's percentile columns with too few samples for an interval: "
+           "their value is a rough guess, marked ~ on the console.", "names, space-separated, of the percentiles "
+           "whose n < 10 / (1 - q) (20 for p50, 200 for p95); empty when none", label="Too few samples", fmt="text"),
+]  # fmt: skip
+
+# steps.csv, the roofline verdict (analysis/roofline.py, issue 20), last in the GPU section: after analysis/gpu.py's
+# means over the GPUs. Written for every run (empty without GPU samples).
+_GPU_READINGS = (
+    "the GPUs' readings inside the step's measured window, each GPU's repeats (every field equal to its previous "
+    "scrape's: the exporter had not refreshed) left out"
+)
+_GPU_CI = (
+    "per GPU an AR(1) interval of the mean of its readings (r = their lag-1 autocorrelation + (1 + 4 r) / n, within "
+    "[0, 0.95]; n_eff = n (1 - r) / (1 + r); mean ± t(n_eff - 1) * sd / sqrt(n) * sqrt((1 + r) / (1 - r))), then the "
+    "mean over the GPUs of their means, half-width the mean of their half-widths (GPUs move together: never narrower "
+    "than the data allow), clipped to [0, 1]; empty below 5 readings of a GPU"
+)
+_GPU_VERDICT_COLUMNS = [
+    Column("gpu_regime", GPU, "text", "The roofline regime: memory_bound (decode waits on memory bandwidth: DRAM "
+           "activity high, SM activity below saturation), compute_bound (SM activity saturated, DRAM not), neither "
+           "(both low: the GPU waits on the engine's CPU side or the load); empty when it cannot be told (no "
+           "profiling counters, too few readings, an interval straddling a threshold, the GPUs disagree). Judged "
+           "per GPU on the intervals of its DRAM and SM activity; the step's regime is that of its busy GPUs (the "
+           "idle ones, neither, left aside) when they agree.", f"per GPU: memory_bound when DRAM CI low >= "
+           f"{DRAM_ACTIVE_HIGH} and SM CI high < {SM_ACTIVE_SATURATED}; compute_bound when SM CI low >= "
+           f"{SM_ACTIVE_SATURATED} and DRAM CI high < {DRAM_ACTIVE_HIGH}; neither when DRAM CI high < "
+           f"{DRAM_ACTIVE_HIGH} and SM CI high < {GPU_ACTIVE_LOW}; else empty", label="GPU regime",
+           header="regime", fmt="text"),
+    *[Column(f"gpu_{name}_active_ci_{end}", GPU, "fraction", f"{word} bound of the {_CI} of the mean {what} "
+             f"activity over {_GPU_READINGS}.", _GPU_CI, label=f"{label} active CI {end}", fmt="num2")
+      for name, what, label in (("dram", "DRAM", "DRAM"), ("sm", "SM", "SM"))
+      for end, word in (("low", "Lower"), ("high", "Upper"))],
+]  # fmt: skip
+
 COLUMNS: dict[tuple[str, str], Column] = {
     (c.section, c.name): c
     for c in _STEP_COLUMNS
@@ -845,21 +1218,29 @@ COLUMNS: dict[tuple[str, str], Column] = {
     + _UNCERTAINTY_COLUMNS
     + _SERVER_BOUND_COLUMNS
     + _STEP_END_COLUMNS
+    + _REASONING_COLUMNS
+    + _EMBEDDINGS_COLUMNS
+    + _GPU_COLUMNS
+    + _GPU_VERDICT_COLUMNS
     + _REQUEST_COLUMNS
     + _LIVE_COLUMNS
+    + _TURN_COLUMNS
 }
 # One column per name in the step table (steps.csv and the web UI's row): the requests' columns may share a name.
 STEP_TABLE: dict[str, Column] = {
     c.name: c
     for c in COLUMNS.values()
-    if c.section in (STEP, SERVER, GENERATOR, OPEN_LOOP, UNCERTAINTY, SERVER_BOUNDS, STEP_END, LIVE)
+    if c.section
+    in (STEP, SERVER, GENERATOR, OPEN_LOOP, UNCERTAINTY, SERVER_BOUNDS, STEP_END, REASONING, EMBEDDINGS, GPU, LIVE)
 }
 
 # The web UI's LLM tab, in the order shown.
 WEB_UI = [
     "scope", "step", "probe", "users", "rate_rps", "requests", "errors", "aggregate_tok_s", "per_request_tok_s_mean",
-    "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "tpot_p95_s", "schedule_lag_p99_s",
+    "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "ttfo_p50_s", "ttfo_p95_s", "reasoning_share", "tpot_p50_s",
+    "tpot_p95_s", "schedule_lag_p99_s",
     "kv_cache_usage", "running", "waiting", "stable", "outlier",
+    "inputs_per_s", "prompt_tok_s", "e2e_p95_s",  # issue 19: an embeddings run's (inputs/s empty in any other run)
 ]  # fmt: skip
 
 
@@ -931,6 +1312,40 @@ SECTIONS = {
             "generator_cpu_max",
             "generator_bound",
         ),
+    ),
+    TURNS: Section(
+        TURNS,
+        "Per turn (every conversation's k-th request; latencies in ms, exact percentiles; ~ too few samples for a "
+        "percentile's interval; prefix hits: cached prompt tokens / prompt tokens, from the server's usage)",
+    ),
+    REASONING: Section(
+        REASONING,
+        "Reasoning (latencies in ms; TTFT: the first token of any kind, thinking included; TTFO: the first answer or "
+        "tool-call token, what the user waits for; the gap is the time spent reasoning; no answer: requests that "
+        "never got an answer token reach that percentile; ~ too few samples for a percentile's interval)",
+        ("step", "users"),
+        (
+            "requests",
+            "ttft_p50_s",
+            "ttfo_p50_s",
+            "ttft_p95_s",
+            "ttfo_p95_s",
+            "ttft_p99_s",
+            "ttfo_p99_s",
+            "reasoning_share",
+            "reasoning_tokens_mean",
+            "answer_tpot_p50_s",
+            "no_answer_requests",
+            "tool_call_requests",
+        ),
+    ),
+    EMBEDDINGS: Section(
+        EMBEDDINGS,
+        "Embeddings (inputs/s and prompt tok/s over each step's measured window, ± the half-width of the 95 % "
+        "interval; E2E: send to the body's last byte, exact percentiles in ms; ~ too few samples for a percentile's "
+        "interval)",
+        ("step", "users", "requests", "errors"),
+        ("inputs_per_s", "prompt_tok_s", "e2e_p50_s", "e2e_p95_s", "e2e_p99_s"),
     ),
     OPEN_LOOP: Section(
         OPEN_LOOP,
@@ -1018,6 +1433,40 @@ _DOCS_SECTIONS = [
     (STEP_END, "steps.csv: how each step ended", "Why each step ended, last in steps.csv (`analysis/adaptive.py`): "
      "with `--step-duration auto` a step runs until its aggregate tok/s interval is within `--ci-target` and its "
      "TTFT p95 has enough samples, looked at only at fixed check points, or until `--max-step-duration`."),
+    (REASONING, "steps.csv: reasoning and tool calls", "Reasoning models and tool calls "
+     "([reasoning.md](reasoning.md#what-is-measured)), last in steps.csv (`analysis/reasoning.py`), over the step "
+     "table's measured ok requests. The parser tells each token-carrying chunk apart: answer (delta.content), tool "
+     "call (delta.tool_calls) or reasoning (delta.reasoning, delta.reasoning_content). TTFT counts the first token "
+     "of any kind, thinking included; TTFO is the first token of the answer, what the user waits for: the gap is "
+     "the time spent reasoning. Written for every run: without reasoning TTFO equals TTFT and the reasoning share "
+     "is 0; the console's \"Reasoning\" table, the web UI's TTFO cells and the report's Reasoning section appear "
+     "when a request reasoned or called a tool. A request whose stream ended inside the thought has no TTFO: it "
+     "counts as never answered (+inf) in the TTFO percentiles and their intervals (shown \"no answer\"), and in "
+     "no_answer_requests; leaving it out would make the percentiles read better than the requests did."),
+    (EMBEDDINGS, "steps.csv: embeddings", "Embeddings runs (`--endpoint embeddings`, "
+     "[embeddings-images.md](embeddings-images.md#embeddings-the-results)), last in steps.csv "
+     "(`analysis/embeddings.py`). An embeddings request does not stream: its throughput is inputs and prompt tokens "
+     "per second, counted when the request completes inside the step's window, with batch-means intervals as "
+     "aggregate tok/s's; its latency is E2E, from the send stamp to the body's last byte, with order-statistic "
+     "intervals as TTFT's. Written for every run: inputs_per_s is empty outside an embeddings run, prompt_tok_s is "
+     "any run's prompt (prefill) rate; the console's \"Embeddings\" table replaces the batching curve in an "
+     "embeddings run, whose streaming columns do not apply."),
+    (GPU, "steps.csv: GPU telemetry", "The step's measured window in Unix seconds (always written: it joins any "
+     "time series to the step), then NVIDIA dcgm-exporter's samples (`--gpu-metrics-url`, one per GPU host) over "
+     "that window ([gpu-telemetry.md](gpu-telemetry.md)), last in steps.csv (`analysis/gpu.py`). The samples are "
+     "kept raw in metrics.parquet with all their labels and `source` = the exporter's URL; a GPU is "
+     "`<Hostname>/<gpu>` (its UUID without a Hostname label). Each GPU's samples inside the window are averaged "
+     "first, then the GPUs, so a GPU scraped less often (gaps) weighs the same. A field a GPU does not export "
+     "(DCGM_FI_PROF_* on a consumer GPU; DCGM_FI_PROF_SM_ACTIVE is not in dcgm-exporter's default counters) and "
+     "DCGM's blank values are missing, never 0. Then the roofline verdict on them (`analysis/roofline.py`, "
+     "[gpu-telemetry.md](gpu-telemetry.md#reading-the-gpu-verdict))."),
+    (TURNS, "turns.csv: per turn", "Conversation runs (`--turns`) only: one row per turn index, from "
+     "requests.parquet (`analysis/turns.py`); on the console as \"Per turn\", after the step table. A turn's "
+     "requests are the k-th request of every conversation, over every step, measured by the step table's rules "
+     "(started after their step's warm-up, not in flight when the load generator began to stop). Percentiles are "
+     "exact, with order-statistic intervals as in steps.csv; the prefix-cache hit rate is the server's own count "
+     "per request (usage.prompt_tokens_details.cached_tokens), so it needs a server that sends it (vLLM: "
+     "`--enable-prompt-tokens-details`, on in the embedded server; SGLang: `--enable-cache-report`)."),
     (REQUESTS, "requests.parquet", "One row per request, written as each finishes (`analysis/records.py`)."),
     (LIVE, "The web UI's LLM tab only", "Written nowhere: the row's scope and the server's latest gauges."),
 ]  # fmt: skip

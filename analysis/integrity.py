@@ -14,9 +14,12 @@ import math
 import pandas as pd
 
 from . import servers
-from .server_metrics import GENERATION_TOKENS, SUCCESS, ServerSeries
+from .server_metrics import GENERATION_TOKENS, SUCCESS, ServerSeries, server_rows
+from .sse import CUT_OFF
 
 NORMAL_END = ("stop", "length")
+# vLLM's prompt-token counter under its own name (no canonical series: only the embeddings check reads it).
+PROMPT_TOKENS = {"vllm": "vllm:prompt_tokens_total"}
 
 
 def integrity(
@@ -24,24 +27,33 @@ def integrity(
     metrics: pd.DataFrame | None,
     model: str | None = None,
     profile: servers.ServerProfile | str | None = None,
+    unreadable: int = 0,
 ) -> dict:
     """Client ok requests and output tokens against the increase of the server's counters from the first scrape to
-    the last; {'available': False, ...} without two successful scrapes. `profile`: the server's (default vLLM)."""
+    the last; {'available': False, ...} without two successful scrapes. `profile`: the server's (default vLLM);
+    `unreadable`: the record lines the merge skipped (cut off by a crash, or torn by a full disk), said in the text
+    and kept as `unreadable_lines` (a request whose only record was such a line is missing from the client side)."""
+    check = _integrity(records, metrics, model, servers.get(profile))
+    check["unreadable_lines"] = int(unreadable)
+    check["text"] = integrity_text(check)
+    return check
 
+
+def _integrity(records: pd.DataFrame, metrics: pd.DataFrame | None, model: str | None, profile) -> dict:
     def unavailable(reason: str) -> dict:
-        out = {"available": False, "reason": reason}
-        out["text"] = integrity_text(out)
-        return out
+        return {"available": False, "reason": reason}
 
-    profile = servers.get(profile)
-    lacking = [k for k in ("success", "generation_tokens") if not profile.has(k)]
+    # An embeddings run generates no tokens: only the finished requests and the prompt tokens are compared.
+    embeddings = "inputs" in records.columns and bool(pd.to_numeric(records["inputs"], errors="coerce").notna().any())
+    needed = ("success",) if embeddings else ("success", "generation_tokens")
+    lacking = [k for k in needed if not profile.has(k)]
     if lacking:
         return unavailable(f"a {profile.title} server has no counter of {' and '.join(_WHAT[k] for k in lacking)}")
-    if metrics is None or not len(metrics):
+    if metrics is None or not len(server_rows(metrics)):  # a GPU exporter's samples are not the server's
         return unavailable("no server metrics were scraped")
     server = ServerSeries(metrics, model)
-    if not server.has(SUCCESS) or not server.has(GENERATION_TOKENS):
-        names = " / ".join(profile.server_name(k) or "" for k in ("success", "generation_tokens"))
+    if not server.has(SUCCESS) or (not embeddings and not server.has(GENERATION_TOKENS)):
+        names = " / ".join(profile.server_name(k) or "" for k in needed)
         return unavailable(f"the server exposes no {names}")
     start = server.first_scrape
     if profile.success_reasons is None:
@@ -56,11 +68,15 @@ def integrity(
         by_reason = [server.increase(SUCCESS, start, math.inf, finished_reason=r) for r in profile.success_reasons]
         by_reason = [v for v in by_reason if not math.isnan(v)]
         finished = sum(by_reason) if by_reason else math.nan
+    ok = records[records["status"] == "ok"]
+    if embeddings:
+        if math.isnan(finished):
+            return unavailable("fewer than two successful scrapes")
+        return _embeddings(records, ok, server, finished, profile)
     tokens = server.increase(GENERATION_TOKENS, start, math.inf)
     if math.isnan(finished) or math.isnan(tokens):
         return unavailable("fewer than two successful scrapes")
     out: dict = {}
-    ok = records[records["status"] == "ok"]
     client_tokens_all = int(pd.to_numeric(records["output_tokens"], errors="coerce").fillna(0).sum())
     out.update(
         available=True,
@@ -71,34 +87,138 @@ def integrity(
         server_generated_tokens=int(tokens),
     )
     out["not_ok"] = int((records["status"] != "ok").sum())
+    out["cut_off"] = int((records["error_type"] == CUT_OFF).sum()) if "error_type" in records.columns else 0
     out["requests_match"] = out["client_ok"] == out["server_finished"]
+    # A stream cut off at the stop may have been sent whole already, unread in its socket when its user was
+    # stopped: the server counts it finished. Its count then lies between the ok requests and those plus the cut-off
+    # ones (seen in a 2-user run stopped mid-stream on a loaded machine: +1, "MISMATCH" with nothing lost).
+    out["requests_within"] = out["client_ok"] <= out["server_finished"] <= out["client_ok"] + out["cut_off"]
     out["tokens_match"] = out["client_ok_tokens"] == out["server_generated_tokens"]
     # Failed and cut-off streams make the token counts differ legitimately (vLLM counts tokens it generated that
     # never arrived; the client counts tokens of streams the server did not finish): only flagged without them.
-    out["mismatch"] = not out["requests_match"] or (not out["tokens_match"] and out["not_ok"] == 0)
-    out["text"] = integrity_text(out)
+    out["mismatch"] = not out["requests_within"] or (not out["tokens_match"] and out["not_ok"] == 0)
     return out
 
 
 _WHAT = {"success": "finished requests", "generation_tokens": "generated tokens"}
 
 
-def integrity_text(check: dict) -> list[str]:
-    """The check in plain sentences."""
-    if not check.get("available"):
-        return [f"Integrity check not available: {check.get('reason', 'no server metrics')}."]
-    lines = []
+def _embeddings(
+    records: pd.DataFrame, ok: pd.DataFrame, server: ServerSeries, finished: float, profile: servers.ServerProfile
+) -> dict:
+    """An embeddings run: ok requests against the finished requests, the ok requests' prompt tokens against the
+    server's prompt-token counter; output tokens do not apply (an embedding generates none)."""
+    # vLLM makes one engine request per input of an embeddings request and counts each as a finished request
+    # (pooling/base/serving.py; measured: a batch of N adds N to request_success_total{stop}), so the inputs of the
+    # ok requests are what the counter must equal.
+    inputs = pd.to_numeric(records["inputs"], errors="coerce").fillna(0)
+    ok_inputs = int(inputs[records["status"] == "ok"].sum())
+    other_inputs = int(inputs[records["status"] != "ok"].sum())
+    out: dict = {
+        "available": True, "embeddings": True, "client_ok": len(ok), "client_ok_inputs": ok_inputs,
+        "server_finished": int(finished), "other_inputs": other_inputs,
+    }  # fmt: skip
+    out["not_ok"] = int((records["status"] != "ok").sum())
+    out["requests_match"] = out["client_ok_inputs"] == out["server_finished"]
+    # A request cut off at the stop (or failed after it was sent) may still have had some of its inputs pooled and
+    # counted: the server's count then lies between the ok inputs and the ok plus those requests' inputs.
+    out["requests_within"] = ok_inputs <= out["server_finished"] <= ok_inputs + other_inputs
+    name = PROMPT_TOKENS.get(profile.name)
+    prompt = server.increase(name, server.first_scrape, math.inf) if name and server.has(name) else math.nan
+    client_prompt = pd.to_numeric(ok["prompt_tokens"], errors="coerce")
+    out["client_ok_prompt_tokens"] = int(client_prompt.fillna(0).sum()) if client_prompt.notna().any() else None
+    out["server_prompt_tokens"] = None if math.isnan(prompt) else int(prompt)
+    known = out["client_ok_prompt_tokens"] is not None and out["server_prompt_tokens"] is not None
+    out["prompt_tokens_match"] = (out["client_ok_prompt_tokens"] == out["server_prompt_tokens"]) if known else None
+    # A failed request may have been counted by the server's prompt counter before it failed: flagged without them.
+    out["mismatch"] = not out["requests_within"] or (out["prompt_tokens_match"] is False and out["not_ok"] == 0)
+    out["prompt_counter"] = name
+    return out
+
+
+def _embeddings_text(check: dict) -> list[str]:
+    """The embeddings check in plain sentences (inputs as the server's finished requests, prompt tokens; output
+    tokens do not apply)."""
+    finished, ok_inputs = check["server_finished"], check["client_ok_inputs"]
     if check["requests_match"]:
+        lines = [
+            f"Requests: the {check['client_ok']} ok requests carried {ok_inputs} inputs, exactly the {finished} "
+            "requests the server finished (it counts each input of an embeddings request as one)."
+        ]
+    elif check["requests_within"]:
+        lines = [
+            f"Requests: the server finished {finished} inputs, the ok requests carried {ok_inputs} "
+            f"({finished - ok_inputs:+d}); the {check['not_ok']} failed or cut-off requests ({check['other_inputs']} "
+            "inputs) account for a difference."
+        ]
+    else:
+        lines = [
+            f"MISMATCH: the server finished {finished} inputs, the ok requests carried {ok_inputs} "
+            f"({finished - ok_inputs:+d}), beyond the {check['other_inputs']} inputs of failed or cut-off requests: "
+            "requests from other clients during the run, or records lost."
+        ]
+    client, server = check.get("client_ok_prompt_tokens"), check.get("server_prompt_tokens")
+    if client is None or server is None:
+        missing = (
+            "the records carry no prompt_tokens"
+            if client is None
+            else (f"the server exposes no {check.get('prompt_counter') or 'prompt-token counter'}")
+        )
+        lines.append(f"Prompt tokens: not compared ({missing}).")
+    elif check["prompt_tokens_match"]:
+        lines.append(f"Prompt tokens: the {client} prompt tokens of the ok requests equal the server's count.")
+    elif check["not_ok"]:
         lines.append(
-            f"Requests: the {check['client_ok']} ok requests in the records are exactly the {check['server_finished']} "
-            "the server finished normally."
+            f"Prompt tokens: the server counted {server}, the ok requests hold {client} ({server - client:+d}); the "
+            f"{check['not_ok']} failed or cut-off requests account for a difference."
         )
     else:
-        diff = check["server_finished"] - check["client_ok"]
         lines.append(
-            f"MISMATCH: the server finished {check['server_finished']} requests normally, the records hold "
-            f"{check['client_ok']} ok ({diff:+d}): requests from other clients during the run, or records lost."
+            f"MISMATCH: the server counted {server} prompt tokens, the ok requests hold {client} "
+            f"({server - client:+d}), and no request failed: other clients, or lost records."
         )
+    lines.append("Output tokens: do not apply (an embeddings request generates none).")
+    return lines
+
+
+def _requests_text(check: dict) -> list[str]:
+    if check["requests_match"]:
+        return [
+            f"Requests: the {check['client_ok']} ok requests in the records are exactly the {check['server_finished']} "
+            "the server finished normally."
+        ]
+    if check.get("requests_within"):
+        extra = check["server_finished"] - check["client_ok"]
+        return [
+            f"Requests: the server finished {check['server_finished']} normally, the records hold {check['client_ok']} "
+            f"ok ({extra:+d}): {extra} of the {check['cut_off']} requests cut off at the stop had been sent whole "
+            "before their users were stopped."
+        ]
+    diff = check["server_finished"] - check["client_ok"]
+    return [
+        f"MISMATCH: the server finished {check['server_finished']} requests normally, the records hold "
+        f"{check['client_ok']} ok ({diff:+d}): requests from other clients during the run, or records lost."
+    ]
+
+
+def integrity_text(check: dict) -> list[str]:
+    """The check in plain sentences, then the unreadable record lines, when there were any."""
+    lines = _check_text(check)
+    bad = check.get("unreadable_lines") or 0
+    if bad:
+        lines.append(
+            f"Unreadable records: {bad} record line(s) could not be read (cut off by a crash, or torn by a full disk) "
+            "and were skipped; a request whose only record was such a line is missing from the records."
+        )
+    return lines
+
+
+def _check_text(check: dict) -> list[str]:
+    if not check.get("available"):
+        return [f"Integrity check not available: {check.get('reason', 'no server metrics')}."]
+    if check.get("embeddings"):
+        return _embeddings_text(check)
+    lines = _requests_text(check)
     diff = check["server_generated_tokens"] - check["client_ok_tokens"]
     if check["tokens_match"]:
         lines.append(

@@ -36,17 +36,20 @@ def num(row: pd.Series, col: str) -> float:
         return math.nan
 
 
-def _bounds(row: pd.Series) -> tuple[float, float, float]:
-    """(value, low, high) of aggregate tok/s; without an interval the bounds are the value itself."""
-    y = num(row, "aggregate_tok_s")
-    lo, hi = num(row, "aggregate_tok_s_ci_low"), num(row, "aggregate_tok_s_ci_high")
+THROUGHPUT = "aggregate_tok_s"  # the curve's y; an embeddings run's is inputs_per_s (no output tokens)
+
+
+def _bounds(row: pd.Series, y_col: str = THROUGHPUT) -> tuple[float, float, float]:
+    """(value, low, high) of the throughput column; without an interval the bounds are the value itself."""
+    y = num(row, y_col)
+    lo, hi = num(row, f"{y_col}_ci_low"), num(row, f"{y_col}_ci_high")
     return y, (y if math.isnan(lo) else lo), (y if math.isnan(hi) else hi)
 
 
-def clearly_above(upper: pd.Series, lower: pd.Series, gain: float = KNEE_GAIN) -> bool:
-    """upper's tok/s > lower's by more than `gain` and their intervals do not overlap."""
-    yu, lu, _ = _bounds(upper)
-    yl, _, hl = _bounds(lower)
+def clearly_above(upper: pd.Series, lower: pd.Series, gain: float = KNEE_GAIN, y_col: str = THROUGHPUT) -> bool:
+    """upper's throughput > lower's by more than `gain` and their intervals do not overlap."""
+    yu, lu, _ = _bounds(upper, y_col)
+    yl, _, hl = _bounds(lower, y_col)
     if math.isnan(yu) or math.isnan(yl):
         return False
     return yu > yl * (1 + gain) and lu > hl
@@ -70,17 +73,17 @@ class Outlier:
     explained_by: str | None = None  # what the server's numbers say about it, when they do
 
 
-def outliers(rows: pd.DataFrame, key: str = "users") -> list[Outlier]:
+def outliers(rows: pd.DataFrame, key: str = "users", y_col: str = THROUGHPUT) -> list[Outlier]:
     """Interior steps far below their neighbours' line (see the module docstring), in load order."""
     rows = rows.sort_values(key).reset_index(drop=True)
     out = []
     for i in range(1, len(rows) - 1):
         prev, row, nxt = rows.iloc[i - 1], rows.iloc[i], rows.iloc[i + 1]
-        y, _, hi = _bounds(row)
-        if math.isnan(y) or not clearly_above(nxt, row):
+        y, _, hi = _bounds(row, y_col)
+        if math.isnan(y) or not clearly_above(nxt, row, y_col=y_col):
             continue
         x0, x, x1 = float(prev[key]), float(row[key]), float(nxt[key])
-        y0, y1 = _bounds(prev)[0], _bounds(nxt)[0]
+        y0, y1 = _bounds(prev, y_col)[0], _bounds(nxt, y_col)[0]
         if math.isnan(y0) or x1 == x0:
             continue
         implied = y0 + (y1 - y0) * (x - x0) / (x1 - x0)
@@ -123,15 +126,16 @@ class Knee:
     outliers: list[Outlier] = field(default_factory=list)
 
 
-def find_knee(table: pd.DataFrame, key: str = "users") -> Knee:
-    """The knee (module docstring), from the steps that are not outliers, and the first saturated step."""
+def find_knee(table: pd.DataFrame, key: str = "users", y_col: str = THROUGHPUT) -> Knee:
+    """The knee (module docstring) on the throughput column y_col, from the steps that are not outliers, and the
+    first saturated step."""
     rows = table.sort_values(key).reset_index(drop=True)
-    knee = Knee(outliers=outliers(rows, key))
+    knee = Knee(outliers=outliers(rows, key, y_col))
     set_aside = {o.step for o in knee.outliers}
-    kept = rows[~rows["step"].astype(int).isin(set_aside) & rows["aggregate_tok_s"].notna()].reset_index(drop=True)
+    kept = rows[~rows["step"].astype(int).isin(set_aside) & rows[y_col].notna()].reset_index(drop=True)
     for i in range(len(kept) - 1):
         row = kept.iloc[i]
-        if not any(clearly_above(kept.iloc[j], row) for j in range(i + 1, len(kept))):
+        if not any(clearly_above(kept.iloc[j], row, y_col=y_col) for j in range(i + 1, len(kept))):
             knee.step, knee.load = int(row["step"]), float(row[key])
             knee.range = (float(row[key]), float(kept.iloc[i + 1][key]))
             break

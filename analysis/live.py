@@ -12,6 +12,7 @@ import orjson
 import pandas as pd
 
 from . import glossary
+from .records import without_lists
 from .steps import run_row, step_table
 
 # What the live table needs of a record (the glossary's request columns marked live); the per-chunk lists stay on
@@ -46,12 +47,25 @@ class LiveRecords:
 
     def add_lines(self, lines: bytes) -> None:
         """Records as JSON lines (what workers ship and writers append)."""
-        for line in lines.splitlines():
+        # A master's web UI parses every line every worker ships: each line without its per-chunk lists (most of its
+        # bytes), cut out of the batch without copying the whole line first (splitlines would: 5 µs a 6 kB line).
+        pos, size = 0, len(lines)
+        while pos < size:
+            nl = lines.find(b"\n", pos)
+            if nl < 0:
+                nl = size
+            line = without_lists(lines, pos, nl)
             if line.strip():
                 self.add(orjson.loads(line))
+            pos = nl + 1
 
-    def frame(self) -> pd.DataFrame:
-        df = pd.DataFrame(self._columns, columns=list(FIELDS))
+    def snapshot(self) -> dict[str, list]:
+        """A copy of the columns so far (pointers only), for a frame built in another thread while records arrive."""
+        return {f: v[:] for f, v in self._columns.items()}
+
+    def frame(self, columns: dict[str, list] | None = None) -> pd.DataFrame:
+        """The records so far (or those of a snapshot) as a DataFrame."""
+        df = pd.DataFrame(self._columns if columns is None else columns, columns=list(FIELDS))
         for col in ("ttft_s", "e2e_s", "tpot_s", "duration_s", "start_time", "intended_start_time", "schedule_lag_s"):
             df[col] = pd.to_numeric(df[col], errors="coerce")
         return df

@@ -1,5 +1,6 @@
-"""The data of the web UI's live charts (`/llm/charts.json`): per-step tok/s with its interval, TTFT/TPOT p95 over
-time, the server's KV-cache usage and waiting requests, the step timeline and the suspect steps.
+"""The data of the web UI's live charts (`/llm/charts.json`): per-step tok/s with its interval (an embeddings run:
+inputs/s), TTFT/TPOT p95 over time (and E2E p95, what an embeddings run's page draws), the server's KV-cache usage
+and waiting requests, the step timeline and the suspect steps.
 
 Pure but for `ScrapeTail`, which reads the new bytes of metrics.jsonl (no Locust, no network). Everything is plain
 JSON: numbers, booleans and null for a missing value (never 0); times are seconds since the run's first step began.
@@ -109,6 +110,8 @@ class ScrapeTail:
             t = float(scrape["t"])
         except (ValueError, KeyError, TypeError):
             return  # a line cut by a crash: merge_scrapes skips it too
+        if scrape.get("source") is not None:
+            return  # a GPU exporter's scrape (--gpu-metrics-url): these charts draw the server's gauges
         self.scrapes += 1
         samples = scrape.get("samples")
         if samples is None:
@@ -199,18 +202,18 @@ class LatencyBins:
 
     def __init__(self) -> None:
         self._key: tuple[float, float] | None = None
-        self._frozen: dict[str, list] = {"ttft_p95_s": [], "tpot_p95_s": [], "n": []}
+        self._frozen: dict[str, list] = {"ttft_p95_s": [], "tpot_p95_s": [], "e2e_p95_s": [], "n": []}
 
     def update(self, records: pd.DataFrame | None, t0: float, now: float) -> dict:
         width = bin_width(max(now - t0, 0.0))
         if self._key != (t0, width):  # a new run, or wider bins: everything again
             self._key = (t0, width)
-            self._frozen = {"ttft_p95_s": [], "tpot_p95_s": [], "n": []}
+            self._frozen = {"ttft_p95_s": [], "tpot_p95_s": [], "e2e_p95_s": [], "n": []}
         frozen = len(self._frozen["n"])
-        ttft, tpot, n = self._compute(records, t0, width, frozen)
+        ttft, tpot, e2e, n = self._compute(records, t0, width, frozen)
         n_bins = frozen + len(n)
         closed = max(0, min(n_bins, int((now - self.LATE_S - t0) // width)))
-        for key, values in (("ttft_p95_s", ttft), ("tpot_p95_s", tpot), ("n", n)):
+        for key, values in (("ttft_p95_s", ttft), ("tpot_p95_s", tpot), ("e2e_p95_s", e2e), ("n", n)):
             self._frozen[key].extend(values[: max(0, closed - frozen)])
         centers = [min((i + 0.5) * width, max(now - t0, i * width)) for i in range(n_bins)]  # the last: so far
         return {
@@ -218,25 +221,27 @@ class LatencyBins:
             "t": [round(c, 3) for c in centers],
             "ttft_p95_s": self._frozen["ttft_p95_s"][:frozen] + ttft,
             "tpot_p95_s": self._frozen["tpot_p95_s"][:frozen] + tpot,
+            "e2e_p95_s": self._frozen["e2e_p95_s"][:frozen] + e2e,
             "n": self._frozen["n"][:frozen] + n,
         }
 
     @staticmethod
-    def _compute(records: pd.DataFrame | None, t0: float, width: float, first: int) -> tuple[list, list, list]:
-        """(ttft p95, tpot p95, count) of the bins from `first` on."""
+    def _compute(records: pd.DataFrame | None, t0: float, width: float, first: int) -> tuple[list, list, list, list]:
+        """(ttft p95, tpot p95, e2e p95, count) of the bins from `first` on."""
         if records is None or records.empty:
-            return [], [], []
+            return [], [], [], []
         finish = records["start_time"].to_numpy(dtype=float) + records["e2e_s"].to_numpy(dtype=float)
         with np.errstate(invalid="ignore"):
             inside = np.flatnonzero(finish >= t0 + first * width)  # numpy first: the status test on a few rows
         inside = inside[records["status"].iloc[inside].to_numpy() == "ok"]  # not the whole column: a copy
         if not inside.size:
-            return [], [], []
+            return [], [], [], []
         bins = ((finish[inside] - t0) // width).astype(np.int64) - first
         n_bins = int(bins.max()) + 1
         ttft, n = _binned_p95(bins, records["ttft_s"].to_numpy(dtype=float)[inside], n_bins)
         tpot, _ = _binned_p95(bins, records["tpot_s"].to_numpy(dtype=float)[inside], n_bins)
-        return ttft, tpot, n
+        e2e, _ = _binned_p95(bins, records["e2e_s"].to_numpy(dtype=float)[inside], n_bins)
+        return ttft, tpot, e2e, n
 
 
 def latency_bins(records: pd.DataFrame | None, t0: float, now: float) -> dict:
@@ -274,6 +279,11 @@ def step_points(table: pd.DataFrame | None, timeline: list[dict], t0: float, now
                 "requests": None if requests is None else int(requests),
                 "ttft_p95_s": _num(row.get("ttft_p95_s")),
                 "tpot_p95_s": _num(row.get("tpot_p95_s")),
+                # An embeddings run's curve (its tok/s, TTFT and TPOT are missing): the page draws these instead.
+                "inputs_per_s": _num(row.get("inputs_per_s")),
+                "inputs_ci_low": _num(row.get("inputs_per_s_ci_low")),
+                "inputs_ci_high": _num(row.get("inputs_per_s_ci_high")),
+                "e2e_p95_s": _num(row.get("e2e_p95_s")),
                 "few_samples": requests is not None and requests < few,
                 "stable": stable,
                 "outlier": outlier,

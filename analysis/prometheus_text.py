@@ -16,6 +16,8 @@ SCRAPES_FILE = "metrics.jsonl"  # appended during the run, one line per scrape; 
 
 ALIASES = servers.PROFILES["vllm"].aliases  # vLLM's old (V0 engine) names -> those of vLLM 0.32 (V1 engine)
 
+GPU_PREFIX = "DCGM_"  # NVIDIA dcgm-exporter's series: DCGM_FI_DEV_* (device), DCGM_FI_PROF_* (profiling), DCGM_EXP_*
+
 
 def parse_samples(
     text: str,
@@ -45,6 +47,25 @@ def parse_samples(
     return out
 
 
-def scrape_line(timestamp: float, samples: list[tuple[str, dict, float]] | None, error: str | None = None) -> bytes:
-    """One line of metrics.jsonl: a scrape's samples, or a gap with its error."""
-    return orjson.dumps({"t": timestamp, "samples": samples, "error": error}, option=orjson.OPT_APPEND_NEWLINE)
+def parse_gpu_samples(text: str) -> list[tuple[str, dict, float]]:
+    """(metric, labels, value) of every DCGM_ sample of a GPU exporter's answer, under DCGM's own names and with all
+    their labels (gpu, UUID, modelName, Hostname, pod ...): no server profile renames them."""
+    out = []
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.startswith(GPU_PREFIX) and not s.name.endswith("_created"):
+                out.append((s.name, dict(s.labels), float(s.value)))
+    return out
+
+
+def scrape_line(
+    timestamp: float,
+    samples: list[tuple[str, dict, float]] | None,
+    error: str | None = None,
+    source: str | None = None,
+) -> bytes:
+    """One line of metrics.jsonl: a scrape's samples, or a gap with its error; a GPU exporter's line starts with its
+    `source` (its URL), the server's has none."""
+    line: dict = {} if source is None else {"source": source}
+    line.update(t=timestamp, samples=samples, error=error)
+    return orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)

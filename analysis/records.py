@@ -1,16 +1,19 @@
 """The per-request record: written once per finished request, one JSON line per record, one file per process.
 
 `requests.parquet` is the merge of every process's `records/*.jsonl` file. JSON lines are appended and
-flushed one record at a time, so a Ctrl-C, a crash or a killed process loses at most the line being written.
+flushed one record at a time, so a Ctrl-C, a crash or a killed process loses at most the line being written; a
+write that fails (a full disk) is truncated away (analysis/diskio.py), and a line cut off anyway is skipped and
+counted by every reader.
 """
 
 from __future__ import annotations
 
 import logging
-import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pandas as pd
 import pyarrow as pa
@@ -18,14 +21,37 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
+from .diskio import LineFile, WriteFailure, replace_parquet
+
 logger = logging.getLogger(__name__)
 
 RECORDS_DIR = "records"
 RECEIVED_DIR = "received"  # inside RECORDS_DIR: the copies workers shipped to the master
 REQUESTS_FILE = "requests.parquet"
+# merge_records' DataFrame.attrs key: the unreadable record lines it skipped (cut off by a crash, or torn).
+UNREADABLE_LINES = "unreadable_lines"
 # Where a serialized record's per-chunk lists begin (RequestRecord's field order): the controller's live views cut a
 # shipped line there and parse only its head, since the lists are most of a long answer's bytes.
 LISTS_MARKER = b',"chunk_offsets_s"'
+_TOKENS_KEY = b',"chunk_tokens":['
+
+
+def without_lists(data: bytes, start: int = 0, end: int | None = None) -> bytes:
+    """The record line data[start:end] without its two per-chunk lists (the fields before and after them kept):
+    parsed in under half the whole line's time for a 256-chunk record, and the line itself never copied whole; the
+    line as it is when it is not shaped so."""
+    end = len(data) if end is None else end
+    cut = data.find(LISTS_MARKER, start, end)
+    if cut < 0 or not data.startswith(b":[", cut + len(LISTS_MARKER), end):
+        return data[start:end]
+    # Offsets are numbers and tokens integers: the first "]" closes the offsets, the next one the tokens.
+    first = data.find(b"]", cut, end)
+    if first < 0 or not data.startswith(_TOKENS_KEY, first + 1, end):
+        return data[start:end]
+    second = data.find(b"]", first + 1 + len(_TOKENS_KEY), end)
+    if second < 0:
+        return data[start:end]
+    return data[start:cut] + data[second + 1 : end]
 
 
 @dataclass(slots=True)
@@ -60,6 +86,23 @@ class RequestRecord:
     # Open-loop runs (--rates) only; None in a closed loop. Last, so the columns of earlier versions keep their place.
     intended_start_time: float | None = None
     schedule_lag_s: float | None = None
+    # Conversations (--turns) and trace replay (--trace); None where they do not apply.
+    session_id: str | None = None  # the conversation this request is a turn of
+    turn: int | None = None  # 1-based turn of its conversation
+    history_tokens: int | None = None  # prompt tokens that repeat the conversation so far (see the glossary)
+    cached_prompt_tokens: int | None = None  # the server's usage.prompt_tokens_details.cached_tokens, when sent
+    trace_row: int | None = None  # --trace: the 0-based row of the trace file this request replays
+    # Reasoning models and tool calls (analysis/sse.py tells the deltas apart); see the glossary.
+    reasoning_tokens: int | None = None  # output tokens that came in reasoning deltas
+    ttfo_s: float | None = None  # time to first output token: the first answer or tool-call token
+    tool_call_chunks: int | None = None  # token-carrying chunks with delta.tool_calls
+    answer_tpot_s: float | None = None  # TPOT over the answer only (after the first output token)
+    # Embeddings (--endpoint embeddings) and images (--images); None where they do not apply.
+    inputs: int | None = None  # embeddings: the inputs the request carried (--batch-size)
+    images: int | None = None  # chat with --images: the images the request carried
+    # Whether the step table counts it (analysis/steps.py measured_column): decided at the merge, from the run's
+    # timeline, so None in records/*.jsonl and True/False in requests.parquet.
+    measured: bool | None = None
 
 
 SCHEMA = pa.schema(
@@ -92,6 +135,18 @@ SCHEMA = pa.schema(
         ("reference_output_tokens", pa.int64()),
         ("intended_start_time", pa.float64()),
         ("schedule_lag_s", pa.float64()),
+        ("session_id", pa.string()),
+        ("turn", pa.int32()),
+        ("history_tokens", pa.int64()),
+        ("cached_prompt_tokens", pa.int64()),
+        ("trace_row", pa.int64()),
+        ("reasoning_tokens", pa.int64()),
+        ("ttfo_s", pa.float64()),
+        ("tool_call_chunks", pa.int32()),
+        ("answer_tpot_s", pa.float64()),
+        ("inputs", pa.int32()),
+        ("images", pa.int32()),
+        ("measured", pa.bool_()),
     ]
 )
 assert [f.name for f in fields(RequestRecord)] == SCHEMA.names, "RequestRecord and SCHEMA must list the same columns"
@@ -115,28 +170,49 @@ def single_model(records: pd.DataFrame) -> str | None:
 
 
 class RecordWriter:
-    """Appends records to one JSON-lines file; each record reaches the OS before `write` returns."""
+    """Appends records to one JSON-lines file; each record reaches the OS before `write` returns, whole or not at all
+    (analysis/diskio.LineFile: a failed write is truncated away and raised once as a WriteFailure)."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         # Unbuffered binary: each record is one write() straight to the OS, so a crash cannot leave it in a buffer.
-        self._file = open(self.path, "ab", buffering=0)
-        self.count = 0
+        self._file = LineFile(self.path, unit="records")
+
+    @property
+    def count(self) -> int:
+        """The records in the file, each a complete line."""
+        return self._file.lines
+
+    @property
+    def dropped(self) -> int:
+        """Records not written: the one whose write failed, and every one after it."""
+        return self._file.dropped
+
+    @property
+    def failure(self) -> WriteFailure | None:
+        return self._file.failure
 
     def write(self, record: RequestRecord) -> bytes:
-        """Append one record; return its line (a worker also ships it to the master)."""
-        # orjson serializes the dataclass directly: ~15 µs for a 256-token record, against ~1.8 ms for
-        # json.dumps(asdict(...)), which would block every other user's greenlet for that long.
-        line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+        """Append one record; return its line (a worker also ships it to the master). Raises WriteFailure when the
+        write fails; after that, records are counted in `dropped` and not written."""
+        line = serialize(record)
         self._file.write(line)
-        self.count += 1
         return line
 
+    def write_line(self, line: bytes) -> bool:
+        """Append one serialized record (serialize()); False when the file failed before. Raises WriteFailure."""
+        return self._file.write(line)
+
     def close(self) -> None:
-        if not self._file.closed:
-            os.fsync(self._file.fileno())
-            self._file.close()
+        """fsync and close; raises WriteFailure when the flush fails."""
+        self._file.close()
+
+
+def serialize(record: RequestRecord) -> bytes:
+    """A record as its JSON line."""
+    # orjson serializes the dataclass directly: ~15 µs for a 256-token record, against ~1.8 ms for
+    # json.dumps(asdict(...)), which would block every other user's greenlet for that long.
+    return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def read_jsonl(path: Path) -> tuple[list[dict], int]:
@@ -198,22 +274,27 @@ def load_records(run_dir: Path, columns: list[str] | None = None) -> pd.DataFram
     return records if columns is None else records[columns]
 
 
-def _read_records(folder: Path) -> pa.Table:
-    tables = [SCHEMA.empty_table()]
+def _read_records(folder: Path) -> tuple[pa.Table, int]:
+    """Every records file of a folder, and the unreadable lines skipped (each file's said once, here)."""
+    tables, skipped = [SCHEMA.empty_table()], 0
     for path in sorted(folder.glob("*.jsonl")):
         table, bad = read_records_file(path)
         if bad:
             logger.warning("%s: skipped %d unreadable line(s) (cut off by a crash?)", path, bad)
+        skipped += bad
         tables.append(table)
-    return pa.concat_tables(tables)
+    return pa.concat_tables(tables), skipped
 
 
-def merge_records(run_dir: Path, write: bool = True) -> pd.DataFrame:
+def merge_records(
+    run_dir: Path, write: bool = True, measured: Callable[[pd.DataFrame], np.ndarray] | None = None
+) -> pd.DataFrame:
     """Merge every records/*.jsonl (written by each process) and records/received/*.jsonl (shipped by workers to
-    the master) into one table and requests.parquet: one row per request_id, whichever copies exist."""
+    the master) into one table and requests.parquet: one row per request_id, whichever copies exist. `measured`
+    (the records -> the step table's mask, analysis/run.py) fills the `measured` column; without it, it stays None."""
     run_dir = Path(run_dir)
-    local = _read_records(run_dir / RECORDS_DIR)
-    received = _read_records(run_dir / RECORDS_DIR / RECEIVED_DIR)
+    local, bad_local = _read_records(run_dir / RECORDS_DIR)
+    received, bad_received = _read_records(run_dir / RECORDS_DIR / RECEIVED_DIR)
     for name, part in (("records/", local), (f"records/{RECEIVED_DIR}/", received)):
         repeated = part.num_rows - pc.count_distinct(part["request_id"], mode="all").as_py()
         if repeated:
@@ -225,8 +306,12 @@ def merge_records(run_dir: Path, write: bool = True) -> pd.DataFrame:
     if duplicated.any():
         table = table.filter(pa.array(~duplicated))
     df = table.to_pandas()
+    if measured is not None:
+        mask = np.asarray(measured(df), dtype=bool)
+        df["measured"] = mask
+        table = table.set_column(SCHEMA.get_field_index("measured"), "measured", pa.array(mask, pa.bool_()))
+    # The integrity check counts them (a torn last line is a request whose record was lost).
+    df.attrs[UNREADABLE_LINES] = bad_local + bad_received
     if write:
-        tmp = run_dir / (REQUESTS_FILE + ".tmp")
-        pq.write_table(table, tmp)
-        os.replace(tmp, run_dir / REQUESTS_FILE)
+        replace_parquet(run_dir / REQUESTS_FILE, table)  # a full disk leaves no half file; the records stay
     return df

@@ -19,19 +19,24 @@ from plotly.subplots import make_subplots
 
 from . import __version__ as SUITE_VERSION
 from .capacity import FAIL, FEW, PASS, UNCERTAIN, USERS, load_text
-from .compare import METRICS as COMPARED
 from .diagnosis import utc
+from .embeddings import shown as embeddings_shown
 from .generator import ADVICE, CPU_BOUND, LAG_BOUND_S, bound_steps, flagged
-from .glossary import GLOSSARY, STEP_TABLE, Column, format_value
+from .glossary import GLOSSARY, GPU, STEP_TABLE, TURNS, Column, columns, format_value
+from .reasoning import shown as reasoning_shown
 from .records import single_model
-from .run import REPORT_FILE, STEPS_FILE, SUMMARY_FILE, dataset_info
+from .roofline import ratio_text
+from .roofline import shown as gpu_shown
+from .run import REPORT_FILE, STEPS_FILE, SUMMARY_FILE, dataset_info, images_info, images_text
 from .schedule import flagged as schedule_flagged
 from .schedule import is_rate_run
 from .server_metrics import KV_CACHE, RUNNING, WAITING, ServerSeries, server_info
 from .sse import CUT_OFF
 from .steps import unstable
+from .thresholds import DRAM_ACTIVE_HIGH, GPU_ACTIVE_LOW, SM_ACTIVE_SATURATED
 
 if TYPE_CHECKING:
+    from .arrivals import Arrivals
     from .compare import Comparison
     from .finish import Outcome
 
@@ -42,6 +47,7 @@ __all__ = ["REPORT_FILE", "SUMMARY_FILE", "build_report", "cdf_points"]
 CDF_RANKS = 1000
 CDF_TAIL_RANKS = 100
 TIMELINE_POINTS = 50_000
+GPU_POINTS = 5_000  # per GPU and series in the GPU section's chart: an hour of 1 s scrapes drawn 1 in 1
 MISMATCH_LI = "<li style='color:#b00;font-weight:bold'>"
 
 
@@ -111,6 +117,50 @@ def _batching_curve(tables: dict[str, pd.DataFrame]) -> go.Figure:
     return fig
 
 
+def _embeddings_curve(tables: dict[str, pd.DataFrame]) -> go.Figure:
+    """An embeddings run's batching curve: inputs/s per step with its 95 % interval (suspect steps as open markers),
+    and E2E p50/p95 with theirs on the second axis (an embeddings request has no tokens out, no TTFT, no TPOT)."""
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    x = _load_axis(tables)
+    for name, t in tables.items():
+        t = _by_load(t, x)
+        if "inputs_per_s" not in t.columns:
+            continue
+        suspect = [
+            flagged(o) or unstable(s)
+            for o, s in zip(t.get("outlier", [None] * len(t)), t.get("stable", [None] * len(t)))
+        ]
+        fig.add_trace(
+            go.Scatter(
+                x=t[x],
+                y=t["inputs_per_s"],
+                name=f"{name} inputs/s",
+                mode="lines+markers",
+                error_y=_error_bars(t, "inputs_per_s"),
+                marker={"symbol": ["circle-open" if s else "circle" for s in suspect], "size": 9},
+            ),
+            secondary_y=False,
+        )
+        for q, dash in ((50, "dot"), (95, "dash")):
+            column = f"e2e_p{q}_s"
+            fig.add_trace(
+                go.Scatter(
+                    x=t[x],
+                    y=pd.to_numeric(t[column], errors="coerce") * 1000,
+                    name=f"{name} E2E p{q} (ms)",
+                    mode="lines+markers",
+                    line={"dash": dash},
+                    error_y=_scaled_bars(t, column, 1000),
+                ),
+                secondary_y=True,
+            )
+    fig.update_xaxes(type="log", title=AXIS_TITLES[x], dtick=np.log10(2))
+    fig.update_yaxes(title_text="inputs/s", secondary_y=False, rangemode="tozero")
+    fig.update_yaxes(title_text="E2E (ms)", secondary_y=True, rangemode="tozero")
+    fig.update_layout(title="Batching curve (embeddings: inputs/s and E2E)", height=420)
+    return fig
+
+
 def _latencies(tables: dict[str, pd.DataFrame]) -> go.Figure:
     fig = make_subplots(rows=1, cols=3, subplot_titles=("TTFT (ms)", "TPOT (ms)", "ITL (ms)"))
     x = _load_axis(tables)
@@ -140,6 +190,20 @@ def _latencies(tables: dict[str, pd.DataFrame]) -> go.Figure:
                 row=1,
                 col=1,
             )
+        if reasoning_shown(t):
+            # A reasoning model: TTFO (the first answer token) beside TTFT (the first token, thinking included).
+            for q in (50, 95, 99):
+                fig.add_trace(
+                    go.Scatter(
+                        x=t[x],
+                        y=_finite_ms(t[f"ttfo_p{q}_s"]),
+                        mode="lines+markers",
+                        line={"dash": "dot"},
+                        name=f"{name} TTFO p{q} (first answer token)",
+                    ),
+                    row=1,
+                    col=1,
+                )
         if is_rate_run(t):
             # Open loop: TTFT from the intended send time next to TTFT from the actual one; the gap is the
             # schedule lag, the queueing a closed loop would hide.
@@ -161,6 +225,67 @@ def _latencies(tables: dict[str, pd.DataFrame]) -> go.Figure:
     return fig
 
 
+def _finite_ms(values: pd.Series) -> pd.Series:
+    """Seconds as ms for a chart; +inf (a TTFO percentile of requests never answered) is not drawn."""
+    v = pd.to_numeric(values, errors="coerce")
+    return v.where(np.isfinite(v)) * 1000
+
+
+TTFT_TTFO = (
+    "TTFT counts the first token of any kind, thinking included; TTFO is the first token of the answer (or of a tool "
+    "call), what the user waits for: the gap between them is the time spent reasoning."
+)
+
+
+def _reasoning_figure(t: pd.DataFrame, x: str) -> go.Figure:
+    """TTFT and TTFO p50/p95 against the load, with their 95 % intervals; beside it the reasoning share."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("TTFT and TTFO (ms)", "Reasoning share of the output (%)"))
+    t = _by_load(t, x)
+    for metric, label, dash in (("ttft", "TTFT", None), ("ttfo", "TTFO", "dot")):
+        for q in (50, 95):
+            name = f"{metric}_p{q}_s"
+            shown = t.assign(**{c: _finite_ms(t[c]) / 1000 for c in (name, f"{name}_ci_low", f"{name}_ci_high")
+                                if c in t.columns})  # fmt: skip
+            fig.add_trace(
+                go.Scatter(x=t[x], y=shown[name] * 1000, mode="lines+markers", line={"dash": dash},
+                           name=f"{label} p{q}", error_y=_scaled_bars(shown, name, 1000)),
+                row=1, col=1,
+            )  # fmt: skip
+    fig.add_trace(
+        go.Scatter(x=t[x], y=pd.to_numeric(t["reasoning_share"], errors="coerce") * 100, mode="lines+markers",
+                   name="reasoning share (%)"),
+        row=1, col=2,
+    )  # fmt: skip
+    fig.update_xaxes(type="log", title=AXIS_TITLES[x], dtick=np.log10(2))
+    fig.update_yaxes(rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(range=[0, 100], row=1, col=2)
+    fig.update_layout(title="Reasoning: the first token against the first answer token", height=420)
+    return fig
+
+
+def _reasoning_html(table: pd.DataFrame) -> str:
+    """A reasoning (or tool-calling) run's section: what TTFO is against TTFT, the steps with requests that never
+    got an answer token, and the chart; empty when no request reasoned or called a tool."""
+    if not reasoning_shown(table):
+        return ""
+    notes = []
+    for r in table.to_dict(orient="records"):
+        missing = r.get("no_answer_requests")
+        if missing is not None and not pd.isna(missing) and missing:
+            notes.append(
+                f"Step {r['step']} ({r['users']} users): no answer token in {int(missing)} of {int(r['requests'])} ok "
+                "requests (the stream ended inside the thought); they count as never answered, so a TTFO percentile "
+                'they reach reads "no answer".'
+            )
+    notes_html = "<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>" if notes else ""
+    x = _load_axis({"run": table})
+    return (
+        f"<h2>Reasoning</h2><p>{html.escape(TTFT_TTFO)}</p>"
+        + notes_html
+        + _reasoning_figure(table, x).to_html(full_html=False, include_plotlyjs=False)
+    )
+
+
 def _ttft_points(ok: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """The requests the timeline's TTFT chart shows, and its title."""
     if len(ok) <= TIMELINE_POINTS:
@@ -173,23 +298,41 @@ def _ttft_points(ok: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     return shown, f"TTFT: the {len(slowest):,} slowest requests and 1 in {every} of the others ({len(ok):,} in all)"
 
 
-def _timeline(records: pd.DataFrame, metrics: pd.DataFrame | None, timeline: list[dict]) -> go.Figure:
+def _timeline(
+    records: pd.DataFrame, metrics: pd.DataFrame | None, timeline: list[dict], embeddings: bool = False
+) -> go.Figure:
+    """Load and throughput, each request's latency, the server's gauges over the run; an embeddings run's are
+    inputs/s and E2E (it has no output tokens and no TTFT)."""
     ok = records[records["status"] == "ok"]
+    if embeddings:
+        ok = ok.assign(ttft_s=ok["e2e_s"], output_tokens=pd.to_numeric(ok["inputs"], errors="coerce"))
     ttft_shown, ttft_title = _ttft_points(ok)
+    if embeddings:
+        ttft_title = ttft_title.replace("TTFT", "E2E")
+    rate_name = "inputs/s" if embeddings else "tok/s"
+    # A trace replay (--trace) holds one pool of users throughout: its load over time is the trace's rows.
+    trace = bool(timeline) and all("trace_window" in step for step in timeline)
     fig = make_subplots(
         rows=3,
         cols=1,
         shared_xaxes=True,
         vertical_spacing=0.05,
         subplot_titles=(
-            "users and aggregate tok/s (1 s bins, by completion)",
+            ("the trace's requests/s (1 s bins, by intended send time)" if trace else "users")
+            + f" and {'' if embeddings else 'aggregate '}{rate_name} (1 s bins, by completion)",
             ttft_title,
             "server: KV-cache usage, running and waiting requests",
         ),
         specs=[[{"secondary_y": True}], [{}], [{"secondary_y": True}]],
     )
     t0 = records["start_time"].min() if len(records) else 0.0
-    if timeline:
+    if trace and "intended_start_time" in records.columns and records["intended_start_time"].notna().any():
+        # Clipped at 0: the first row's intended time lies a lag before the first send stamp (t0).
+        intended = (records["intended_start_time"].dropna().astype(float) - t0).clip(lower=0)
+        sent = np.floor(intended).astype(int).value_counts()
+        sent = sent.reindex(range(int(sent.index.min()), int(sent.index.max()) + 1), fill_value=0)  # idle seconds: 0
+        fig.add_trace(go.Scatter(x=sent.index + 0.5, y=sent.values, name="requests/s (trace)"), row=1, col=1)
+    elif timeline:
         xs, ys = [], []
         for step in timeline:
             end = step["end_time"] or step["start_time"]
@@ -201,7 +344,7 @@ def _timeline(records: pd.DataFrame, metrics: pd.DataFrame | None, timeline: lis
         bins = np.floor(end).astype(int)
         per_s = ok.groupby(bins)["output_tokens"].sum()
         fig.add_trace(
-            go.Bar(x=per_s.index + 0.5, y=per_s.values, name="tok/s", opacity=0.5), row=1, col=1, secondary_y=True
+            go.Bar(x=per_s.index + 0.5, y=per_s.values, name=rate_name, opacity=0.5), row=1, col=1, secondary_y=True
         )
         fig.add_trace(
             go.Scattergl(
@@ -209,7 +352,7 @@ def _timeline(records: pd.DataFrame, metrics: pd.DataFrame | None, timeline: lis
                 y=ttft_shown["ttft_s"] * 1000,
                 mode="markers",
                 marker={"size": 3},
-                name="TTFT (ms)",
+                name="E2E (ms)" if embeddings else "TTFT (ms)",
             ),
             row=2,
             col=1,
@@ -228,7 +371,7 @@ def _timeline(records: pd.DataFrame, metrics: pd.DataFrame | None, timeline: lis
     for step in timeline:
         fig.add_vline(x=step["start_time"] - t0, line={"dash": "dot", "color": "grey"})
     fig.update_xaxes(title_text="seconds since the run started", row=3, col=1)
-    fig.update_yaxes(title_text="TTFT (ms)", row=2, col=1)
+    fig.update_yaxes(title_text="E2E (ms)" if embeddings else "TTFT (ms)", row=2, col=1)
     fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(title_text="KV-cache usage", range=[0, 1.05], row=3, col=1, secondary_y=False)
     fig.update_layout(title="Timeline", height=800)
@@ -267,6 +410,82 @@ def _generator(samples: pd.DataFrame, timeline: list[dict], t0: float) -> go.Fig
     return fig
 
 
+# (field, subplot title, scale, y axis title): the GPU section's rows, on the Timeline's x axis.
+_GPU_ROWS = (
+    ("util", "GPU utilisation (a kernel running; DCGM_FI_DEV_GPU_UTIL / 100)", 1.0, "util"),
+    ("sm_active", "SM active (DCGM_FI_PROF_SM_ACTIVE)", 1.0, "SM"),
+    ("dram_active", "DRAM active (DCGM_FI_PROF_DRAM_ACTIVE)", 1.0, "DRAM"),
+    ("mem_used_bytes", "framebuffer used (GiB; DCGM_FI_DEV_FB_USED)", 2.0**-30, "GiB"),
+    ("power_w", "power (W; DCGM_FI_DEV_POWER_USAGE)", 1.0, "W"),
+)
+
+
+def _gpu_figure(samples: pd.DataFrame, timeline: list[dict], t0: float) -> go.Figure:
+    """Each GPU's series over the run (the Timeline's x: seconds since the run started, step starts dotted), the
+    roofline thresholds dashed; a series the exporter did not give is left out, not drawn at 0."""
+    rows = [r for r in _GPU_ROWS if r[0] in set(samples["field"])]
+    fig = make_subplots(
+        rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=0.04, subplot_titles=[r[1] for r in rows]
+    )
+    for i, (name, _, scale, axis) in enumerate(rows, start=1):
+        for key, g in samples[samples["field"] == name].groupby("gpu_key", sort=True):
+            g = g.sort_values("timestamp")
+            every = max(1, math.ceil(len(g) / GPU_POINTS))
+            g = g.iloc[::every]
+            fig.add_trace(
+                go.Scatter(x=g["timestamp"] - t0, y=g["value"] * scale, mode="lines", name=f"{key} {axis}",
+                           legendgroup=str(key)),
+                row=i, col=1,
+            )  # fmt: skip
+        fig.update_yaxes(title_text=axis, rangemode="tozero", row=i, col=1)
+        if name in ("util", "sm_active", "dram_active"):
+            fig.update_yaxes(range=[0, 1.05], row=i, col=1)
+        lines = {"sm_active": (GPU_ACTIVE_LOW, SM_ACTIVE_SATURATED), "dram_active": (DRAM_ACTIVE_HIGH,)}.get(name, ())
+        for y in lines:
+            fig.add_hline(y=y, line={"dash": "dash", "color": "#b00"}, row=i, col=1)
+    for step in timeline:
+        fig.add_vline(x=step["start_time"] - t0, line={"dash": "dot", "color": "grey"})
+    fig.update_xaxes(title_text="seconds since the run started", row=len(rows), col=1)
+    fig.update_layout(title="GPUs (dcgm-exporter; dashed red: the roofline thresholds)", height=180 * len(rows) + 120)
+    return fig
+
+
+def _gpu_html(outcome: Outcome, t0: float) -> str:
+    """The GPU section, only when a step saw a GPU: each GPU's series on the run's time axis and its verdict per step
+    (as analysis.roofline computed it in finish)."""
+    samples = outcome.gpu_samples
+    if samples is None or not len(samples) or not gpu_shown(outcome.table):
+        return ""
+    users = {int(r["step"]): r["users"] for r in outcome.table.to_dict(orient="records")
+             if str(r["step"]).lstrip("-").isdigit()}  # fmt: skip
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("step", "users", "GPU", "readings", "util", "SM active [95 % CI]", "DRAM active [95 % CI]",
+                  "mem max (GiB)", "power (W)", "regime", "why")
+    )  # fmt: skip
+    body = []
+    for step, v in sorted(outcome.gpu_verdicts.items()):
+        for g in v.gpus:
+            cells = (
+                step, users.get(step, ""), g.gpu_key, g.readings, format_value(g.util, "num2"), ratio_text(g.sm),
+                ratio_text(g.dram), format_value(g.mem_used_max_bytes / 2**30, "num1"),
+                format_value(g.power_mean_w, "num0"), g.regime or "-", g.why,
+            )  # fmt: skip
+            body.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    figure = _gpu_figure(samples, outcome.run.get("timeline") or [], t0)
+    return (
+        "<h2>GPUs</h2><p>dcgm-exporter's series of each GPU over the run, and each GPU's roofline verdict per step: "
+        f"memory_bound when DRAM active's 95 % interval lies at or above {DRAM_ACTIVE_HIGH:g} and SM active's below "
+        f"{SM_ACTIVE_SATURATED:g}; compute_bound when SM active's lies at or above {SM_ACTIVE_SATURATED:g} and DRAM "
+        f"active's below {DRAM_ACTIVE_HIGH:g}; neither when both lie below {GPU_ACTIVE_LOW:g}; otherwise it cannot "
+        "be told (-). The step's regime (the per-step table's gpu_regime) is that of its busy GPUs when they "
+        "agree.</p>"
+        + figure.to_html(full_html=False, include_plotlyjs=False)
+        + f"<div class='scroll'><table class='gpus'><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody>"
+        "</table></div>"
+    )
+
+
 def _ceiling_html(ceiling: dict | None) -> str:
     """The single-request decode ceiling against the measured rate, and why they differ."""
     if ceiling is None:
@@ -300,6 +519,7 @@ def _slo_html(gate: dict | None, searched: bool = False) -> str:
         cells = [str(r["step"]), str(r["users"]), str(r["requests"]), goodput]
         for n in names:
             value = "no data" if r[n] is None else (f"{r[n]:.2%}" if n == "error_rate" else f"{r[n] * 1000:.1f} ms")
+            value = "no answer" if r.get(f"{n}_no_answer") else value
             cells.append(f"{'met' if r[f'{n}_met'] else 'BROKEN'} ({value})")
         rows += "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
     return (
@@ -448,7 +668,10 @@ def _capacity_html(result: dict | None) -> str:
         ]
         tds = "".join(f"<td>{html.escape(c)}</td>" for c in cells)
         style = f" style='color:{VERDICT_COLORS.get(verdict, '#000')};font-weight:bold'"
-        tds += f"<td{style}>{html.escape(verdict)}</td>"
+        stopped = ""
+        if p.get("interrupted"):
+            stopped = " (stopped before it was judged" + ("" if p.get("counted") else ": not counted") + ")"
+        tds += f"<td{style}>{html.escape(verdict + stopped)}</td>"
         tds += "".join(f"<td>{html.escape(_check_text(n, (p.get('objectives') or {}).get(n)))}</td>" for n in names)
         tds += f"<td>{html.escape(_tok_s_text(p))}</td><td>{html.escape(str(p.get('requests')))}</td>"
         rows.append(f"<tr class='probe-{html.escape(verdict)}'>{tds}</tr>")
@@ -493,11 +716,14 @@ def cdf_points(sorted_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sorted_values[ranks], (ranks + 1) / n
 
 
-def _cdfs(records: pd.DataFrame) -> go.Figure:
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("TTFT CDF (ms)", "TPOT CDF (ms)"))
+def _cdfs(records: pd.DataFrame, embeddings: bool = False) -> go.Figure:
+    """Per step, the CDFs of TTFT and TPOT (an embeddings run: of E2E, its only latency)."""
+    metrics = ((1, "e2e_s"),) if embeddings else ((1, "ttft_s"), (2, "tpot_s"))
+    titles = ("E2E CDF (ms)",) if embeddings else ("TTFT CDF (ms)", "TPOT CDF (ms)")
+    fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=titles)
     ok = records[(records["status"] == "ok") & ~records["warmup"].astype(bool)]
     for (_step, users), group in ok.groupby(["step", "users"]):
-        for col, metric in ((1, "ttft_s"), (2, "tpot_s")):
+        for col, metric in metrics:
             v = np.sort(group[metric].dropna().to_numpy(dtype=float)) * 1000
             if len(v):
                 x, y = cdf_points(v)
@@ -506,7 +732,7 @@ def _cdfs(records: pd.DataFrame) -> go.Figure:
                         x=x,
                         y=y,
                         mode="lines",
-                        name=f"{users} users ({metric[:4].upper()})",
+                        name=f"{users} users ({metric.split('_')[0].upper()})",
                     ),
                     row=1,
                     col=col,
@@ -515,21 +741,134 @@ def _cdfs(records: pd.DataFrame) -> go.Figure:
     return fig
 
 
+ARRIVAL_CURVE_POINTS = 200
+PROCESS_NAMES = {"poisson": "exponential (Poisson)", "constant": "constant", "trace": "the trace's timestamps"}
+
+
+def _process_name(arrivals: Arrivals) -> str:
+    if arrivals.burstiness is not None:
+        return f"gamma, shape {arrivals.burstiness:g}"
+    return PROCESS_NAMES.get(arrivals.process, arrivals.process)
+
+
+def _arrivals_figure(arrivals: Arrivals) -> go.Figure:
+    """The CDFs of the pooled scaled gaps, sent and intended (cdf_points: bounded), and the process's own CDF."""
+    fig = go.Figure()
+    curves = (("sent (actual send times)", arrivals.sent, None), ("intended", arrivals.intended, "dot"))
+    for name, values, dash in curves:
+        if len(values):
+            x, y = cdf_points(values)
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name, line={"dash": dash} if dash else None))
+    both = np.concatenate([arrivals.sent, arrivals.intended])
+    positive = both[both > 0]
+    if positive.size:
+        low, high = max(float(positive.min()), 1e-6), max(float(positive.max()), 1.0)
+        grid = np.geomspace(low, high, ARRIVAL_CURVE_POINTS) if high > low else np.array([low])
+        if arrivals.process == "constant":
+            grid = np.unique(np.concatenate([grid, [1.0, np.nextafter(1.0, 0)]]))
+        y = arrivals.expected_cdf(grid)
+        if y is not None:
+            fig.add_trace(
+                go.Scatter(
+                    x=grid, y=y, mode="lines", name=f"expected: {_process_name(arrivals)}",
+                    line={"color": "#888", "dash": "dash"},
+                )
+            )  # fmt: skip
+    fig.update_layout(
+        title="Gaps between consecutive requests, every step pooled (gap × the step's rate: 1 = the mean gap)",
+        xaxis={"title": "gap × rate (log)", "type": "log"},
+        yaxis={"title": "fraction of gaps ≤ x", "range": [0, 1.02]},
+        height=420,
+    )
+    return fig
+
+
+def _cv_cell(iv) -> str:
+    if iv is None or not math.isfinite(iv.value):
+        return "-"
+    if math.isfinite(iv.low) and math.isfinite(iv.high):
+        return f"{iv.value:.2f} [{iv.low:.2f}, {iv.high:.2f}]"
+    return f"{iv.value:.2f} ({iv.note or 'no interval'})"
+
+
+def _arrivals_html(arrivals: Arrivals | None) -> str:
+    """An open loop's section: what was sent against what was intended and asked for (analysis/arrivals.py)."""
+    if arrivals is None or not len(arrivals.sent):
+        return ""
+    expected = arrivals.expected_cv
+    expected_text = "-" if expected is None else f"{expected:.2f}"
+
+    def num(v: float) -> str:
+        return "-" if v is None or not math.isfinite(v) else f"{v:.2f}"
+
+    head = (
+        "<tr><th>step</th><th>intended rate (req/s)</th><th>gaps</th><th>CV sent [95 %]</th><th>CV intended</th>"
+        "<th>CV expected</th></tr>"
+    )
+    rows = [
+        f"<tr><td>{s.step}</td><td>{'-' if math.isnan(s.rate_rps) else f'{s.rate_rps:g}'}</td><td>{s.cv_sent.n}</td>"
+        f"<td>{html.escape(_cv_cell(s.cv_sent))}</td><td>{num(s.cv_intended)}</td><td>{expected_text}</td></tr>"
+        for s in arrivals.steps
+    ]
+    rows.append(
+        f"<tr><th>all, scaled</th><td></td><td>{arrivals.pooled.n}</td><td>{html.escape(_cv_cell(arrivals.pooled))}"
+        f"</td><td>{num(arrivals.pooled_intended_cv)}</td><td>{expected_text}</td></tr>"
+    )
+    intro = (
+        f"<p>Arrival process: {html.escape(_process_name(arrivals))}. The gaps between consecutive requests of each "
+        "step (every load process's, merged), from the actual send times and from the intended ones; CV = sd / "
+        "mean of the gaps (exponential 1, gamma of shape B 1 / &radic;B, constant 0), its 95 % interval from a "
+        "block bootstrap. A sent CV above the intended one means sends bunched up: requests sent late (no free "
+        "user, a busy load process) leave together.</p>"
+    )
+    return (
+        "<h2>Inter-arrival times</h2>"
+        + intro
+        + f"<table>{head}{''.join(rows)}</table>"
+        + _arrivals_figure(arrivals).to_html(full_html=False, include_plotlyjs=False)
+    )
+
+
 def _workload_html(run: dict, table: pd.DataFrame) -> str:
     """The prompt source, how max_tokens was chosen and, when the server counts them, its prefix-cache hits per
     step: the figure a shared-prefix workload is run for."""
     options = run.get("options") or {}
     info = dataset_info(run)
     spec = str(info.get("spec") or "fixed")
-    items = [f"Prompt source: --dataset {spec}" + (f" ({info['items']} prompts)" if info.get("items") else "")]
-    if info.get("tokenizer"):
-        items.append(f"Token lengths from: {info['tokenizer']}")
-    dist = options.get("max_tokens_dist") or ("reference" if spec.startswith("sharegpt") else "fixed")
-    items.append(
-        f"max_tokens per request: {dist}"
-        + (f" (--max-tokens {options.get('max_tokens')})" if dist in ("fixed", "reference") else "")
-        + (f", --seed {options.get('seed')}" if options.get("seed") is not None else "")
-    )
+    trace = run.get("trace")
+    if trace:  # --trace: the rows give the prompts' lengths and max_tokens
+        prompts = trace.get("prompts") or {}
+        shown = f"--trace-start {trace.get('start_s') or 0:g}s" + (
+            f" --trace-duration {trace['duration_s']:g}s" if trace.get("duration_s") else ""
+        )
+        items = [
+            f"Trace replay: --trace {trace.get('path')} ({trace.get('format')}, {trace.get('rows')} rows of "
+            f"{trace.get('total_rows') or '?'}, {shown}, --trace-speed {trace.get('speed'):g}, over "
+            f"{float(trace.get('span_s') or 0):.1f} s)",
+            f"Prompts synthesized to each row's input length (--trace-block-tokens {trace.get('block_tokens')}), "
+            f"token lengths from: {prompts.get('tokenizer') or 'unknown'}",
+            "max_tokens per request: each row's output length"
+            + (f", --seed {options.get('seed')}" if options.get("seed") is not None else ""),
+        ]
+    else:
+        items = [f"Prompt source: --dataset {spec}" + (f" ({info['items']} prompts)" if info.get("items") else "")]
+        if info.get("tokenizer"):
+            items.append(f"Token lengths from: {info['tokenizer']}")
+        seed = f", --seed {options.get('seed')}" if options.get("seed") is not None else ""
+        if options.get("endpoint") == "embeddings":  # no max_tokens: the batch and the vectors' encoding instead
+            items.append(
+                f"Embeddings: --batch-size {options.get('batch_size') or 1} inputs per request (consecutive prompts), "
+                f"--encoding-format {options.get('encoding_format') or 'float'}{seed}"
+            )
+        else:
+            dist = options.get("max_tokens_dist") or ("reference" if spec.startswith("sharegpt") else "fixed")
+            items.append(
+                f"max_tokens per request: {dist}"
+                + (f" (--max-tokens {options.get('max_tokens')})" if dist in ("fixed", "reference") else "")
+                + seed
+            )
+    if (image_settings := images_info(run)) is not None:
+        items.append(images_text(image_settings))
     items += [str(note) for note in info.get("notes") or []]
     rates = table[["step", "users", "prefix_cache_hit_rate"]] if "prefix_cache_hit_rate" in table.columns else None
     if rates is not None and rates["prefix_cache_hit_rate"].notna().any():
@@ -549,6 +888,76 @@ def _workload_html(run: dict, table: pd.DataFrame) -> str:
     return "<h2>Workload</h2><ul>" + "".join(f"<li>{html.escape(t)}</li>" for t in items) + "</ul>"
 
 
+def _scaled_bars(t: pd.DataFrame, name: str, factor: float) -> dict | None:
+    """_error_bars of a value shown scaled (seconds as ms, a fraction as %)."""
+    return _error_bars(t.assign(**{c: t[c] * factor for c in (name, f"{name}_ci_low", f"{name}_ci_high")}), name)
+
+
+def _turns_figure(turns: pd.DataFrame) -> go.Figure:
+    """TTFT p50 and p95 (with their 95 % intervals) and the mean prompt length against the turn; beside it the
+    server's prefix-cache hit rate per turn (with its interval) when the server sent cached tokens."""
+    hits = "prefix_cache_hit_rate" in turns.columns and turns["prefix_cache_hit_rate"].notna().any()
+    specs = [[{"secondary_y": True}, {}]] if hits else [[{"secondary_y": True}]]
+    titles = ("TTFT and prompt length per turn", "Prefix-cache hit rate per turn") if hits else None
+    fig = make_subplots(rows=1, cols=2 if hits else 1, specs=specs, subplot_titles=titles)
+    t = turns.sort_values("turn")
+    for name, label in (("ttft_p50_s", "TTFT p50"), ("ttft_p95_s", "TTFT p95")):
+        bars = _scaled_bars(t, name, 1000)
+        fig.add_trace(
+            go.Scatter(x=t["turn"], y=t[name] * 1000, mode="lines+markers", name=f"{label} (ms)", error_y=bars),
+            row=1,
+            col=1,
+            secondary_y=False,
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=t["turn"], y=t["prompt_tokens_mean"], mode="lines+markers", line={"dash": "dot"},
+            name="prompt tokens (mean)",
+        ),
+        row=1, col=1, secondary_y=True,
+    )  # fmt: skip
+    if hits:
+        fig.add_trace(
+            go.Scatter(
+                x=t["turn"], y=t["prefix_cache_hit_rate"] * 100, mode="lines+markers", name="prefix-cache hit rate (%)",
+                error_y=_scaled_bars(t, "prefix_cache_hit_rate", 100),
+            ),
+            row=1, col=2,
+        )  # fmt: skip
+        fig.update_yaxes(title_text="% of prompt tokens", range=[0, 100], row=1, col=2)
+    fig.update_xaxes(title_text="turn", dtick=1)
+    fig.update_yaxes(title_text="TTFT (ms)", rangemode="tozero", row=1, col=1, secondary_y=False)
+    fig.update_yaxes(title_text="prompt tokens", rangemode="tozero", row=1, col=1, secondary_y=True)
+    fig.update_layout(title="Per turn", height=420)
+    return fig
+
+
+def _turns_html(turns: pd.DataFrame | None) -> str:
+    """A conversation run's per-turn section: the chart and turns.csv under the glossary's titles; empty otherwise."""
+    if turns is None or not len(turns):
+        return ""
+    shown = [c for c in columns(TURNS) if c.name in turns.columns]
+    head = "".join(f"<th title='{html.escape(c.meaning)}'>{html.escape(c.title)}</th>" for c in shown)
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c.show(r[c.name]))}</td>" for c in shown) + "</tr>"
+        for r in turns.to_dict(orient="records")
+    )
+    note = ""
+    if not turns["prefix_cache_hit_rate"].notna().any():
+        note = (
+            "<p>Prefix-cache hit rate: not available (the server sent no usage.prompt_tokens_details.cached_tokens; "
+            "vLLM sends it when started with --enable-prompt-tokens-details).</p>"
+        )
+    return (
+        "<h2>Per turn</h2><p>Each conversation's k-th request is turn k: its prompt resends the conversation so far. "
+        "TTFT percentiles with their 95 % intervals; the prefix-cache hit rate is the server's own count per request "
+        "(cached prompt tokens / prompt tokens).</p>"
+        + note
+        + _turns_figure(turns).to_html(full_html=False, include_plotlyjs=False)
+        + f"<div class='scroll'><table class='turns'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>"
+    )
+
+
 def _step_cell(column: Column | None, value: object) -> str:
     if column is not None:
         return column.show(value)
@@ -558,8 +967,15 @@ def _step_cell(column: Column | None, value: object) -> str:
 def _table_html(table: pd.DataFrame) -> str:
     """The per-step table under the glossary's titles and in its formats (latencies in ms, fractions in %); a step
     flagged generator-bound, behind schedule, outlier or unstable is highlighted. A column the glossary does not
-    know keeps its name."""
-    shown = [(name, STEP_TABLE.get(name)) for name in table.columns]
+    know keeps its name. An embeddings run leaves out the columns no step has a value of (TTFT, TPOT, ITL, tok/s:
+    they do not apply), so its inputs/s, prompt tok/s and E2E columns are read, not hunted for."""
+    names = list(table.columns)
+    if embeddings_shown(table):
+        names = [n for n in names if n in ("step", "users") or table[n].notna().any()]
+    if not gpu_shown(table):  # no GPU seen: its empty columns left out (the window times stay: any run has them)
+        hidden = {c.name for c in columns(GPU)} - {"window_start_time", "window_end_time"}
+        names = [n for n in names if n not in hidden]
+    shown = [(name, STEP_TABLE.get(name)) for name in names]
     head = "".join(
         f"<th title='{html.escape(c.meaning if c else str(name))}'>{html.escape(c.title if c else str(name))}</th>"
         for name, c in shown
@@ -592,7 +1008,7 @@ def _compare_html(comparisons: list[Comparison]) -> str:
             continue
         notes = lines[: 1 + len(c.missing_intervals)]
         out.append("".join(f"<p>{html.escape(t)}</p>" for t in notes))
-        labels = [label for _, label in COMPARED]
+        labels = [label for _, label in c.metrics]
         head = "<tr><th>load</th>" + "".join(f"<th>{html.escape(x)}</th>" for x in labels) + "</tr>"
         rows = []
         for s in c.steps:
@@ -639,15 +1055,17 @@ def build_report(outcome: Outcome, compare: list[Path] | None = None) -> str:
     tables = {run_dir.name: table}
     for other in compare or []:
         tables[Path(other).name] = pd.read_csv(Path(other) / STEPS_FILE)
+    embeddings = embeddings_shown(table)
     figures = [
-        _batching_curve(tables),
-        _latencies(tables),
-        _timeline(records, metrics, run.get("timeline") or []),
-        _cdfs(records),
+        # An embeddings run: inputs/s and E2E take the tok/s curve's and the TTFT/TPOT/ITL charts' place (all empty).
+        _embeddings_curve(tables) if embeddings else _batching_curve(tables),
+        *([] if embeddings else [_latencies(tables)]),
+        _timeline(records, metrics, run.get("timeline") or [], embeddings),
+        _cdfs(records, embeddings),
     ]
     if len(generator):
         t0 = records["start_time"].min() if len(records) else generator["timestamp"].min()
-        figures.insert(3, _generator(generator, run.get("timeline") or [], t0))
+        figures.insert(len(figures) - 1, _generator(generator, run.get("timeline") or [], t0))
     server = {}
     if (run_dir / "server.json").exists():
         server = json.loads((run_dir / "server.json").read_text())
@@ -684,9 +1102,14 @@ def build_report(outcome: Outcome, compare: list[Path] | None = None) -> str:
         _slo_html(outcome.slo, searched=outcome.capacity is not None),
         _ceiling_html(outcome.ceiling),
         _workload_html(run, table),
+        _turns_html(outcome.turns),
+        _reasoning_html(table),
         _compare_html(outcome.comparisons),
     ]
     parts += [f.to_html(full_html=False, include_plotlyjs=False) for f in figures]
+    gpu_t0 = records["start_time"].min() if len(records) else 0.0  # the Timeline's origin
+    parts.append(_gpu_html(outcome, float(gpu_t0)))
+    parts.append(_arrivals_html(outcome.arrivals))
     parts += ["<h2>Per-step table</h2>", _table_html(table)]
     if len(errors):
         parts.append(

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import json
 import math
-import os
+import re
 from pathlib import Path
 
 import pandas as pd
 
 from .adaptive import end_reasons
+from .diskio import replace_file
+from .embeddings import EMBEDDINGS_COLUMNS
 from .generator import merge_generator, step_generator_table
+from .gpu import GPU_COLUMNS, step_gpu_table
+from .reasoning import REASONING_COLUMNS
 from .records import merge_records, single_model
+from .roofline import roofline_table, samples
 from .schedule import OPEN_LOOP_COLUMNS
 from .server_metrics import SCRAPES_FILE, SERVER_BOUND_COLUMNS, load_metrics, merge_scrapes, step_server_table
 from .sse import CUT_OFF
-from .steps import UNCERTAINTY_COLUMNS, step_table, timeline_from_records
+from .steps import UNCERTAINTY_COLUMNS, measured_column, step_table, timeline_from_records
 
 RUN_FILE = "run.json"
 STEPS_FILE = "steps.csv"
@@ -32,11 +37,9 @@ def read_run(run_dir: Path) -> dict:
 
 
 def write_run(run_dir: Path, data: dict) -> None:
-    """Replace run.json atomically, so a crash leaves the previous version rather than half a file."""
-    path = Path(run_dir) / RUN_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str), encoding="utf-8")
-    os.replace(tmp, path)
+    """Replace run.json atomically, so a crash or a full disk leaves the previous version rather than half a file;
+    raises WriteFailure (analysis/diskio.py)."""
+    replace_file(Path(run_dir) / RUN_FILE, json.dumps(data, indent=2, sort_keys=True, default=str))
 
 
 def compute_table(
@@ -60,17 +63,26 @@ def compute_table(
     table = table[[c for c in table.columns if c not in tail] + tail]
     steps = table["step"].tolist()
     probes = {int(t["step"]): t.get("probe") for t in timeline if "step" in t}
-    return table.assign(
+    table = table.assign(
         end_reason=end_reasons(steps, timeline),
         probe=pd.array([probes.get(int(s)) if str(s).lstrip("-").isdigit() else None for s in steps], dtype="Int64"),
     )
+    # The step's window in Unix time and the GPU exporters' telemetry (issue 20), for every run, then the GPUs'
+    # roofline verdict on the same samples.
+    table = table.merge(step_gpu_table(metrics, timeline), on="step", how="left")
+    table = table.merge(roofline_table(samples(metrics), timeline), on="step", how="left")
+    # Reasoning and tool calls (issue 18) after why each step ended, then embeddings (issue 19), then GPU (issue 20;
+    # its columns in the glossary's order, whichever module fills them).
+    tail = REASONING_COLUMNS + EMBEDDINGS_COLUMNS + [c for c in GPU_COLUMNS if c in table.columns]
+    return table[[c for c in table.columns if c not in tail] + tail]
 
 
 def merged(run_dir: Path, write: bool = True) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:
     """(records, server metrics, self-check samples) of a run, merged from its raw files; with write, also into
     requests.parquet, metrics.parquet and generator.parquet."""
     run_dir = Path(run_dir)
-    records = merge_records(run_dir, write=write)
+    timeline = read_run(run_dir).get("timeline")
+    records = merge_records(run_dir, write=write, measured=lambda df: measured_column(df, timeline))
     metrics = merge_scrapes(run_dir, write=write) if (run_dir / SCRAPES_FILE).exists() else load_metrics(run_dir)
     return records, metrics, merge_generator(run_dir, write=write)
 
@@ -82,7 +94,7 @@ def finalize(run_dir: Path) -> pd.DataFrame:
     records, metrics, generator = merged(run_dir)
     timeline = read_run(run_dir).get("timeline") or timeline_from_records(records)
     table = compute_table(records, timeline, metrics, generator)
-    table.to_csv(run_dir / STEPS_FILE, index=False)
+    replace_file(run_dir / STEPS_FILE, table.to_csv(index=False))
     return table
 
 
@@ -167,7 +179,7 @@ def write_summary_md(
             "not judge this run; `verdict` is each probe's, on its objectives' 95 % intervals."
         )
     path = Path(run_dir) / SUMMARY_MD_FILE
-    path.write_text(markdown_summary(title, table, judged, lines, diagnosis, capacity), encoding="utf-8")
+    replace_file(path, markdown_summary(title, table, judged, lines, diagnosis, capacity))
     return path
 
 
@@ -193,3 +205,31 @@ def dataset_info(run: dict) -> dict:
     """How the run's prompts were built (run.json's "dataset"); runs from before prompt sources used --prompt."""
     options = run.get("options") or {}
     return run.get("dataset") or {"spec": options.get("dataset") or "fixed"}
+
+
+_IMAGES = re.compile(r"\s*(\d+):(\d+)[xX](\d+)\s*")
+
+
+def images_info(run: dict) -> dict | None:
+    """--images: the image settings of run.json's options (count, width, height, format, reuse), None without."""
+    options = run.get("options") or {}
+    m = _IMAGES.fullmatch(str(options.get("images") or ""))
+    if m is None:  # no images (or text options.check refused: such a run never started)
+        return None
+    count, width, height = (int(g) for g in m.groups())
+    return {
+        "count": count,
+        "width": width,
+        "height": height,
+        "format": str(options.get("image_format") or "png"),
+        "reuse": bool(options.get("image_reuse")),
+    }
+
+
+def images_text(info: dict) -> str:
+    """One line describing a run's images, for the report and summary.md."""
+    same = "the same images in every request (--image-reuse)" if info["reuse"] else "distinct per request"
+    return (
+        f"Images: {info['count']} per request, {info['width']}x{info['height']} {info['format'].upper()} (generated, "
+        f"--images {info['count']}:{info['width']}x{info['height']} --image-format {info['format']}), {same}"
+    )

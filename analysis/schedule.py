@@ -1,7 +1,7 @@
 """Open-loop (--rates) runs: the arrival times, the per-step schedule columns and the "behind schedule" verdict.
 
-In an open-loop run each request has an intended send time drawn from an arrival process (constant or Poisson at
-the step's rate), whatever the server is doing; a closed loop sends the next request only when the previous one
+In an open-loop run each request has an intended send time drawn from an arrival process (constant, Poisson or
+gamma at the step's rate), whatever the server is doing; a closed loop sends the next request only when the previous one
 ended, so a slow server slows the load down and its queueing never shows in the latencies (coordinated omission).
 Pure: no Locust, no network.
 """
@@ -18,7 +18,8 @@ from . import glossary
 from .glossary import flagged, mean, percentile  # noqa: F401 (flagged: re-exported)
 from .thresholds import CPU_BOUND, LAG_CEILING_S, LAG_FLOOR_S, LAG_SHARE
 
-ARRIVALS = ("poisson", "constant")
+ARRIVALS = ("poisson", "constant", "gamma")
+GAMMA = "gamma"
 DEFAULT_ARRIVAL = "poisson"
 
 # The open-loop columns of steps.csv, in order; the verdict's bounds are in analysis/thresholds.py.
@@ -36,13 +37,34 @@ def parse_rates(text: str) -> list[float]:
     return rates
 
 
-def arrival_times(rate_rps: float, arrival: str, seed: int | str, rank: int = 0, processes: int = 1) -> Iterator[float]:
+def check_burstiness(burstiness: float | str) -> float:
+    """--burstiness as a float: the gamma shape, a positive finite number; raises ValueError with a one-line fix."""
+    try:
+        value = float(burstiness)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"--burstiness {burstiness!r} is not a number; use e.g. --burstiness 0.5 (1 = Poisson)"
+        ) from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"--burstiness {burstiness} must be a positive finite number (the gamma shape: 1 = Poisson, below 1 "
+            "burstier, above 1 smoother); use e.g. --burstiness 0.5"
+        )
+    return value
+
+
+def arrival_times(
+    rate_rps: float, arrival: str, seed: int | str, rank: int = 0, processes: int = 1, burstiness: float = 1.0
+) -> Iterator[float]:
     """Intended send times (s after the step's start) of one process's share of a step at rate_rps (all processes).
 
     constant: t_k = (k + rank / processes) / (rate_rps / processes): each process evenly spaced, the processes
     interleaved, so that together they send every 1 / rate_rps seconds.
     poisson: t_k = t_(k-1) + Exp(rate_rps / processes), from random.Random(f"{seed}:{rank}"): independent
     Poisson processes add up to one at rate_rps, and the same seed gives the same times in every run.
+    gamma: T_j = T_(j-1) + Gamma(shape=burstiness, scale=1 / (rate_rps * burstiness)) (mean gap 1 / rate_rps,
+    coefficient of variation 1 / sqrt(burstiness)), one full-rate stream from random.Random(f"{seed}:0") drawn
+    alike by every process; this process sends the T_j with j % processes == rank.
     """
     if arrival not in ARRIVALS:
         raise ValueError(f"--arrival {arrival!r} must be one of {', '.join(ARRIVALS)}")
@@ -54,11 +76,40 @@ def arrival_times(rate_rps: float, arrival: str, seed: int | str, rank: int = 0,
         while True:
             yield (k + phase) / share
             k += 1
+    if arrival == GAMMA:
+        yield from _gamma_times(rate_rps, check_burstiness(burstiness), seed, rank, processes)
+        return
     rng = random.Random(f"{seed}:{rank}")  # str seeds hash with sha512: the same on every platform and run
     t = 0.0
     while True:
         t += rng.expovariate(share)
         yield t
+
+
+def _gamma_times(rate_rps: float, burstiness: float, seed: int | str, rank: int, processes: int) -> Iterator[float]:
+    """The gamma stream's arrivals j with j % processes == rank (see arrival_times)."""
+    # As vLLM's `bench serve --burstiness` (vllm-project/vllm, vllm/benchmarks/serve.py, get_request):
+    #     theta = 1.0 / (current_request_rate * burstiness)
+    #     delay_ts.append(np.random.gamma(shape=burstiness, scale=theta))
+    # without its final rescaling of a finite list of delays to last exactly n / rate (this stream has no end).
+    theta = 1.0 / (rate_rps * burstiness)
+    # Unlike Poisson streams, independent gamma streams do not add up to a gamma stream: the gaps of the sum of N
+    # renewal streams at rate / N tend to Poisson's as N grows (CV towards 1, whatever the shape: B = 0.25's
+    # bursts smoothed, CV 1.75 at N = 4; B = 4's regularity lost, CV 0.80 at N = 4), so N processes drawing their
+    # own would not send the arrivals asked for. Every process draws the same full-rate stream from the same seed
+    # and keeps every N-th arrival: together they send exactly that stream (the cost, N times the draws, is a few
+    # microseconds per request). The seed string is the one of rank 0's Poisson stream, and gammavariate(1, theta)
+    # is expovariate(1 / theta) (random.py), so burstiness 1 in one process gives --arrival poisson's times.
+    rng = random.Random(f"{seed}:0")
+    draw = rng.gammavariate
+    t = 0.0
+    for _ in range(rank):
+        t += draw(burstiness, theta)
+    while True:
+        t += draw(burstiness, theta)
+        yield t
+        for _ in range(processes - 1):
+            t += draw(burstiness, theta)
 
 
 def lag_bound_s(rate_rps: float) -> float:

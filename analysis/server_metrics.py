@@ -8,16 +8,15 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from . import glossary
+from .diskio import replace_parquet
 from .histograms import quantile_bounds
 from .prometheus_text import ALIASES, SCRAPES_FILE, parse_samples, scrape_line  # noqa: F401 (re-exported)
 from .servers import CANONICAL
@@ -45,8 +44,16 @@ CACHE_CONFIG = CANONICAL["cache_config"]
 SERVER_COLUMNS = glossary.names(glossary.SERVER)  # steps.csv's server columns, in order
 SERVER_BOUND_COLUMNS = glossary.names(glossary.SERVER_BOUNDS)  # the quantiles' bounds, written after open loop
 
+SERVER_SOURCE = "server"  # metrics.parquet's source of the server's own /metrics; a GPU exporter's is its URL
+
 SCHEMA = pa.schema(
-    [("timestamp", pa.float64()), ("metric", pa.string()), ("labels", pa.string()), ("value", pa.float64())]
+    [
+        ("timestamp", pa.float64()),
+        ("metric", pa.string()),
+        ("labels", pa.string()),
+        ("value", pa.float64()),
+        ("source", pa.string()),  # last: added with the GPU exporters (issue 20)
+    ]
 )
 
 
@@ -60,9 +67,10 @@ def counter_total(samples: list[tuple[str, dict, float]], metric: str, model: st
 
 
 def merge_scrapes(run_dir: Path, write: bool = True) -> pd.DataFrame:
-    """metrics.jsonl -> metrics.parquet (timestamp, metric, labels as JSON text, value)."""
+    """metrics.jsonl -> metrics.parquet (timestamp, metric, labels as JSON text, value, source: "server" or the GPU
+    exporter's URL; each scrape's `up` sample carries its source, so an exporter's gaps are its own)."""
     run_dir = Path(run_dir)
-    rows: dict[str, list] = {"timestamp": [], "metric": [], "labels": [], "value": []}
+    rows: dict[str, list] = {"timestamp": [], "metric": [], "labels": [], "value": [], "source": []}
     path = run_dir / SCRAPES_FILE
     if not path.exists():
         return pd.DataFrame(rows)
@@ -74,27 +82,42 @@ def merge_scrapes(run_dir: Path, write: bool = True) -> pd.DataFrame:
                 continue  # a line cut by a crash
             t = scrape["t"]
             ok = scrape.get("samples") is not None
+            source = scrape.get("source") or SERVER_SOURCE
+            samples = scrape.get("samples") or ()
             rows["timestamp"].append(t)
             rows["metric"].append(UP)
             rows["labels"].append("{}" if ok else json.dumps({"error": scrape.get("error") or "unknown"}))
             rows["value"].append(1.0 if ok else 0.0)
-            for name, labels, value in scrape.get("samples") or ():
+            rows["source"].extend([source] * (len(samples) + 1))
+            for name, labels, value in samples:
                 rows["timestamp"].append(t)
                 rows["metric"].append(name)
                 rows["labels"].append(json.dumps(labels, sort_keys=True))
                 rows["value"].append(value)
     table = pa.Table.from_pydict(rows, schema=SCHEMA)
     if write:
-        tmp = run_dir / (METRICS_FILE + ".tmp")
-        pq.write_table(table, tmp)
-        os.replace(tmp, run_dir / METRICS_FILE)
+        replace_parquet(run_dir / METRICS_FILE, table)
     return table.to_pandas()
+
+
+def with_source(metrics: pd.DataFrame) -> pd.DataFrame:
+    """The frame with its `source` column: a metrics.parquet written before GPU exporters holds the server's only."""
+    if "source" in metrics.columns:
+        return metrics
+    return metrics.assign(source=SERVER_SOURCE)
+
+
+def server_rows(metrics: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the server's own /metrics scrapes (not a GPU exporter's)."""
+    if "source" not in metrics.columns:
+        return metrics
+    return metrics[metrics["source"] == SERVER_SOURCE]
 
 
 def load_metrics(run_dir: Path) -> pd.DataFrame | None:
     run_dir = Path(run_dir)
     if (run_dir / METRICS_FILE).exists():
-        return pd.read_parquet(run_dir / METRICS_FILE)
+        return with_source(pd.read_parquet(run_dir / METRICS_FILE))
     if (run_dir / SCRAPES_FILE).exists():
         return merge_scrapes(run_dir, write=False)
     return None
@@ -104,6 +127,7 @@ class ServerSeries:
     """The scraped samples of one run, indexed for per-window questions (one model's samples, labels parsed once)."""
 
     def __init__(self, metrics: pd.DataFrame, model: str | None = None) -> None:
+        metrics = server_rows(metrics)  # a GPU exporter's scrapes and gaps are not the server's
         up = metrics[metrics["metric"] == UP]
         ok_times = up.loc[up["value"] > 0, "timestamp"]
         # Scrapes before the first successful one tell nothing about which series existed then.

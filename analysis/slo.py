@@ -1,9 +1,12 @@
 """Service-level objectives: parse `--slo`, judge every step against them, goodput, and the CI summary.
 
 `--slo ttft_p95=500ms,tpot_p95=50ms,e2e_p99=20s,error_rate=1%`: each objective is `<metric>_<statistic>` with
-metric ttft, tpot, itl or e2e (the glossary's) and statistic p50, p90, p95, p99 or mean, or `error_rate`; a
+metric ttft, ttfo, tpot, itl or e2e (the glossary's) and statistic p50, p90, p95, p99 or mean, or `error_rate`; a
 step meets it when its value is at or under the threshold. Values come from the same requests as the step table
-(started after the step's warm-up, not cut off by the stop). Pure: no Locust, no I/O.
+(started after the step's warm-up, not cut off by the stop). TTFO (the first answer or tool-call token): a request
+without an answer token (its thought never closed) counts as never answered (+inf), in the step's statistic as in
+steps.csv and for the request itself in goodput, so a step whose requests never answered fails a ttfo objective
+(it is not "no data": the users waited and got no answer). Pure: no Locust, no I/O.
 """
 
 from __future__ import annotations
@@ -15,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .glossary import percentile
+from .glossary import percentile, percentile_never, ttfo_values
 from .steps import itl_samples, measured_masks
 
-METRICS = ("ttft", "tpot", "itl", "e2e")
+METRICS = ("ttft", "ttfo", "tpot", "itl", "e2e")
 STATISTICS = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "mean": None}
 _VALUE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|%)?\s*$")
 EXAMPLE = "ttft_p95=500ms,tpot_p95=50ms,e2e_p99=20s,error_rate=1%"
@@ -38,6 +41,8 @@ class Objective:
 def _fmt(obj: Objective, v: float) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "no data"
+    if v == math.inf:
+        return "no answer"  # a TTFO percentile reached by requests that never got an answer token
     if obj.metric == "error_rate":
         return f"{v:.2%}"
     return f"{v * 1000:.1f} ms" if v < 10 else f"{v:.2f} s"
@@ -77,12 +82,37 @@ def parse_slo(spec: str) -> list[Objective]:
     return out
 
 
+# What an embeddings request has no value of: it does not stream, so it has no first token, no token gaps.
+STREAMING_ONLY = ("ttft", "ttfo", "tpot", "itl")
+
+
+def check_endpoint(objectives: list[Objective], endpoint: str) -> None:
+    """ValueError (one line with the fix) for an objective the endpoint's requests have no value of: ttft, ttfo,
+    tpot and itl with --endpoint embeddings (every step would fail them for "no data")."""
+    if endpoint != "embeddings":
+        return
+    streaming = [o.name for o in objectives if o.metric in STREAMING_ONLY]
+    if streaming:
+        raise ValueError(
+            f"--slo {','.join(streaming)} cannot be judged with --endpoint embeddings (an embeddings request does not "
+            "stream: no first token, no token gaps); use e2e objectives, e.g. --slo e2e_p95=200ms,error_rate=1%"
+        )
+
+
 def _statistic(values: np.ndarray, statistic: str) -> float:
     q = STATISTICS[statistic]
     if q is None:
         values = values[~np.isnan(values)]
         return float(values.mean()) if values.size else math.nan
-    return percentile(values, q)
+    return percentile_never(values, q) if np.isposinf(values).any() else percentile(values, q)
+
+
+def request_values(ok: pd.DataFrame, metric: str) -> np.ndarray:
+    """Per ok request, its value of a per-request metric (ttft, ttfo, tpot, e2e) in seconds; ttfo: +inf without an
+    answer token (glossary.ttfo_values); NaN where missing."""
+    if metric == "ttfo":
+        return ttfo_values(ok)
+    return ok[f"{metric}_s"].to_numpy(dtype=float)
 
 
 def _request_meets(ok: pd.DataFrame, objectives: list[Objective]) -> np.ndarray:
@@ -93,10 +123,10 @@ def _request_meets(ok: pd.DataFrame, objectives: list[Objective]) -> np.ndarray:
     """
     meets = np.ones(len(ok), dtype=bool)
     for o in objectives:
-        if o.metric not in ("ttft", "tpot", "e2e"):
+        if o.metric not in ("ttft", "ttfo", "tpot", "e2e"):
             continue
-        v = ok[f"{o.metric}_s"].to_numpy(dtype=float)
-        within = v <= o.threshold  # NaN compares False
+        v = request_values(ok, o.metric)
+        within = v <= o.threshold  # NaN compares False; a TTFO never answered (+inf) too
         if o.metric == "tpot":
             within |= np.isnan(v)  # a one-token answer has no TPOT: judged on its other objectives
         meets &= within
@@ -126,9 +156,11 @@ def judge_steps(records: pd.DataFrame, timeline: list[dict], objectives: list[Ob
             elif o.metric == "itl":
                 value = _statistic(itl_samples(ok), o.statistic)
             else:
-                value = _statistic(ok[f"{o.metric}_s"].to_numpy(dtype=float), o.statistic)
+                value = _statistic(request_values(ok, o.metric), o.statistic)
             ok_value = not math.isnan(value) and value <= o.threshold
             row[o.name] = value
+            if o.metric == "ttfo":  # summary.json writes inf as null: say it was no answer, not no data
+                row[f"{o.name}_no_answer"] = value == math.inf
             row[f"{o.name}_met"] = ok_value
             passed = passed and ok_value  # no data for an objective is not a pass
         row["meets_all"] = passed
@@ -144,7 +176,11 @@ def verdict(judged: pd.DataFrame, objectives: list[Objective]) -> dict:
         r = row._asdict()
         for o in objectives:
             if not r[f"{o.name}_met"]:
-                broken.append({"step": r["step"], "users": r["users"], "objective": o.name, "value": r[o.name]})
+                value = r[o.name]
+                entry = {"step": r["step"], "users": r["users"], "objective": o.name, "value": _json_number(value)}
+                if value == math.inf:  # a TTFO statistic reached by requests never answered (null in summary.json)
+                    entry["no_answer"] = True
+                broken.append(entry)
     highest = passing.iloc[-1] if len(passing) else None
     return {
         "objectives": {o.name: o.threshold for o in objectives},
@@ -152,11 +188,13 @@ def verdict(judged: pd.DataFrame, objectives: list[Objective]) -> dict:
         "highest_step_meeting_all": None if highest is None else int(highest["step"]),
         "highest_users_meeting_all": None if highest is None else int(highest["users"]),
         "broken": broken,
-        "steps": [
-            {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-            for r in judged.to_dict(orient="records")
-        ],
+        "steps": [{k: _json_number(v) for k, v in r.items()} for r in judged.to_dict(orient="records")],
     }
+
+
+def _json_number(v: object) -> object:
+    """NaN and inf as None (summary.json is strict JSON); anything else as it is."""
+    return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
 def verdict_lines(result: dict, objectives: list[Objective]) -> list[str]:
@@ -171,7 +209,8 @@ def verdict_lines(result: dict, objectives: list[Objective]) -> list[str]:
         lines.append("No step met every objective.")
     for b in result["broken"]:
         o = by_name[b["objective"]]
-        lines.append(f"Step {b['step']} ({b['users']} users): {o.describe(b['value'])} not met.")
+        value = math.inf if b.get("no_answer") else b["value"]
+        lines.append(f"Step {b['step']} ({b['users']} users): {o.describe(value)} not met.")
     return lines
 
 
@@ -191,7 +230,12 @@ def markdown_summary(
     rates = "rate_rps" in table.columns and len(table) > 0 and bool(table["rate_rps"].notna().all())
     verdicts = {int(p["step"]): p.get("verdict") for p in (capacity or {}).get("probes") or []}
     head = (["probe"] if probes else []) + ["users"] + (["req/s"] if rates else [])
-    head += ["requests", "errors", "tok/s", "TTFT p95", "TPOT p95", "E2E mean"]
+    # An embeddings run: its throughput is inputs/s and its latency E2E (no tokens out, no TTFT, no TPOT).
+    embeddings = "inputs_per_s" in table.columns and bool(pd.to_numeric(table["inputs_per_s"]).notna().any())
+    if embeddings:
+        head += ["requests", "errors", "inputs/s", "prompt tok/s", "E2E p50", "E2E p95"]
+    else:
+        head += ["requests", "errors", "tok/s", "TTFT p95", "TPOT p95", "E2E mean"]
     has_goodput = judged is not None and len(judged) == len(table)
     if has_goodput:
         head += ["goodput", "SLOs"]
@@ -209,6 +253,11 @@ def markdown_summary(
             *lead, *load, str(r.requests), str(r.errors),
             "-" if math.isnan(r.aggregate_tok_s) else f"{r.aggregate_tok_s:.1f}",
             ms(r.ttft_p95_s), ms(r.tpot_p95_s), ms(r.e2e_mean_s),
+        ] if not embeddings else [
+            *lead, *load, str(r.requests), str(r.errors),
+            "-" if math.isnan(r.inputs_per_s) else f"{r.inputs_per_s:.1f}",
+            "-" if math.isnan(r.prompt_tok_s) else f"{r.prompt_tok_s:.1f}",
+            ms(r.e2e_p50_s), ms(r.e2e_p95_s),
         ]  # fmt: skip
         if has_goodput:
             g = judged.iloc[i]

@@ -12,8 +12,21 @@ import numpy as np
 import pandas as pd
 
 from . import glossary, knee
+from .adaptive import RUN_STOPPED
+from .embeddings import (
+    EMBEDDINGS_COLUMNS,
+    embedding_spans,
+    embeddings_row,
+    is_embeddings_run,
+    marked_rows,
+    run_rates,
+    stability,
+)
+from .embeddings import console_lines as format_embeddings
 from .generator import format_generator
 from .glossary import StepData, flagged, percentile  # noqa: F401 (percentile: re-exported)
+from .reasoning import REASONING_COLUMNS, reasoning_row
+from .reasoning import console_lines as format_reasoning
 from .schedule import OPEN_LOOP_COLUMNS, format_open_loop, is_rate_run, open_loop_columns
 from .sse import CUT_OFF
 from .uncertainty import batch_count, halves, quantile_interval, rate_interval, t_interval
@@ -131,19 +144,50 @@ def interval_columns(
     return row
 
 
+def throughput_column(table: pd.DataFrame) -> str:
+    """The curve's throughput column: inputs_per_s in an embeddings run (no output tokens), else aggregate_tok_s."""
+    if "inputs_per_s" in table.columns and pd.to_numeric(table["inputs_per_s"], errors="coerce").notna().any():
+        return "inputs_per_s"
+    return "aggregate_tok_s"
+
+
 def outlier_column(table: pd.DataFrame) -> list[bool | None]:
-    """Per row: an outlier of the curve (analysis.knee.outliers, keyed on the rate in a rate run); None for the
-    first and last step by load and for a step without throughput: a step needs a neighbour on each side."""
+    """Per row: an outlier of the curve (analysis.knee.outliers on throughput_column, keyed on the rate in a rate
+    run); None for the first and last step by load and for a step without throughput: a step needs a neighbour on
+    each side."""
     key = "rate_rps" if is_rate_run(table) else "users"
-    if len(table) < 3 or "aggregate_tok_s" not in table.columns:
+    y_col = throughput_column(table) if len(table) else "aggregate_tok_s"
+    if len(table) < 3 or y_col not in table.columns:
         return [None] * len(table)
-    flagged_steps = {o.step for o in knee.outliers(table, key)}
+    flagged_steps = {o.step for o in knee.outliers(table, key, y_col)}
     order = table.sort_values(key)["step"].tolist()
     ends = {order[0], order[-1]}
     return [
         None if (s in ends or pd.isna(y)) else (s in flagged_steps)
-        for s, y in zip(table["step"].astype(int), table["aggregate_tok_s"])
+        for s, y in zip(table["step"].astype(int), table[y_col])
     ]
+
+
+# An embeddings run's output-token columns: no request has output tokens, so they are missing, not 0 tok/s.
+_NO_OUTPUT = (
+    "output_tokens",
+    "aggregate_tok_s",
+    "aggregate_tok_s_ci_low",
+    "aggregate_tok_s_ci_high",
+    "aggregate_tok_s_first_half",
+    "aggregate_tok_s_second_half",
+)
+
+
+def _embeddings_stable(row: dict, emb_spans: tuple, window_start: float, window_end: float, ok: pd.DataFrame) -> None:
+    """An embeddings step's stability judged on inputs/s (its tok/s halves are missing), in place."""
+    e2e = pd.to_numeric(ok["e2e_s"], errors="coerce").dropna()
+    halves_ = stability(emb_spans, window_start, window_end, float(e2e.median()) if len(e2e) else math.nan)
+    judged = (
+        halves_ is not None and not any(math.isnan(v) for v in halves_) and not pd.isna(row.get("inputs_per_s_ci_low"))
+    )
+    verdict = knee.stable(*halves_) if judged else None
+    row["stable"] = None if verdict is None else bool(verdict)
 
 
 def measured_masks(records: pd.DataFrame, timeline: list[dict]) -> tuple[pd.Series, pd.Series, float]:
@@ -154,6 +198,34 @@ def measured_masks(records: pd.DataFrame, timeline: list[dict]) -> tuple[pd.Seri
     finished = records["start_time"] + records["duration_s"].fillna(math.inf)
     in_flight_at_stop = (finished > stop_time) | (records["error_type"] == CUT_OFF)
     return ~records["warmup"].astype(bool), in_flight_at_stop, stop_time
+
+
+def close_unfinished(timeline: list[dict], records: pd.DataFrame) -> list[dict]:
+    """A finished run whose last run.json still has a step open (it could not be written at the end: a full disk,
+    or the process was killed): that step ends with the last request recorded, stopped before its end; measured
+    to infinity, its tok/s read as missing and its length as nan."""
+    if all(t.get("end_time") is not None for t in timeline) or not len(records):
+        return timeline
+    ends = records["start_time"] + records["duration_s"].fillna(0.0)
+    last = float(ends.max())
+    if last != last:  # NaN: no record has a time
+        return timeline
+    closed = [dict(t) for t in timeline]
+    for t in closed:
+        if t.get("end_time") is None:
+            t["end_time"] = max(last, float(t.get("start_time") or last))
+            t["end_reason"] = t.get("end_reason") or RUN_STOPPED
+    return closed
+
+
+def measured_column(records: pd.DataFrame, timeline: list[dict]) -> np.ndarray:
+    """measured = started after its step's warm-up and finished before the load generator began to stop: the
+    requests the step table counts (requests.parquet's `measured`)."""
+    if records.empty:
+        return np.zeros(0, dtype=bool)
+    timeline = close_unfinished(timeline, records) if timeline else timeline_from_records(records)
+    measured, cut, _ = measured_masks(records, timeline)
+    return (measured & ~cut).to_numpy(dtype=bool)
 
 
 def step_table(records: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
@@ -169,6 +241,10 @@ def step_table(records: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
         end_time.to_numpy(dtype=float)[is_ok],
         pd.to_numeric(records["output_tokens"], errors="coerce").fillna(0).to_numpy(dtype=float)[is_ok],
     )
+    # An open loop of conversations (--turns) schedules new conversations: its achieved rate counts first turns.
+    starts = records["turn"].isna() | (records["turn"] == 1) if "turn" in records.columns else None
+    emb_spans = embedding_spans(records)
+    embeddings = is_embeddings_run(records)
     rows = []
     for step in timeline:
         s = int(step["step"])
@@ -180,12 +256,22 @@ def step_table(records: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
         tokens = int(records.loc[done, "output_tokens"].sum())
         row = {"step": s, "users": int(step["users"])}
         row.update(_summarize(ok, errors, int((in_step & cut).sum()), tokens, window_end - window_start))
-        sent_in_window = int(((records["start_time"] >= window_start) & (records["start_time"] < window_end)).sum())
+        in_window = (records["start_time"] >= window_start) & (records["start_time"] < window_end)
+        if starts is not None and step.get("rate_rps") is not None:
+            in_window &= starts
+        sent_in_window = int(in_window.sum())
         sent = records.loc[in_step, [c for c in ("schedule_lag_s",) if c in records.columns]]
         row.update(open_loop_columns(sent, ok, sent_in_window, window_end - window_start, step.get("rate_rps")))
         row.update(interval_columns(ok, spans, window_start, window_end))
+        row.update(reasoning_row(ok))
+        row.update(embeddings_row(ok, emb_spans, window_start, window_end))
+        if embeddings:
+            row.update(dict.fromkeys(_NO_OUTPUT, math.nan))
+            _embeddings_stable(row, emb_spans, window_start, window_end, ok)
         rows.append(row)
-    table = pd.DataFrame(rows, columns=STEP_COLUMNS + OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS)
+    table = pd.DataFrame(
+        rows, columns=STEP_COLUMNS + OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS + REASONING_COLUMNS + EMBEDDINGS_COLUMNS
+    )
     table["outlier"] = pd.Series(outlier_column(table), index=table.index, dtype=object)
     return table
 
@@ -196,14 +282,24 @@ def run_row(records: pd.DataFrame, timeline: list[dict]) -> dict:
     end_time = records["start_time"] + records["e2e_s"]
     ok = records[measured & (records["status"] == "ok") & ~cut]
     errors = int((measured & (records["status"] != "ok") & ~cut).sum())
-    tokens, window_s = 0, 0.0
+    tokens, window_s, windows = 0, 0.0, []
     for step in timeline:
         window_start, window_end = float(step["measure_start"]), float(step["end_time"] or stop_time)
         done = (records["status"] == "ok") & (end_time >= window_start) & (end_time < window_end)
         tokens += int(records.loc[done, "output_tokens"].sum())
         window_s += max(window_end - window_start, 0.0)
+        windows.append((window_start, window_end))
     row = {"step": "all", "users": max((int(t["users"]) for t in timeline), default=0)}
     row.update(_summarize(ok, errors, int((measured & cut).sum()), tokens, window_s))
+    row.update(reasoning_row(ok))
+    # The whole run's E2E percentiles (with intervals) over every measured request; its rates over every window,
+    # without an interval (batch means assume one stationary window, and the steps differ in load).
+    emb_spans = embedding_spans(records)
+    if windows:
+        row.update(embeddings_row(ok, emb_spans, windows[0][0], windows[0][0]))
+    row.update(run_rates(emb_spans, windows))
+    if is_embeddings_run(records):
+        row.update(dict.fromkeys(_NO_OUTPUT, math.nan))
     return row
 
 
@@ -238,6 +334,7 @@ def _marked(table: pd.DataFrame, rows: list[list[str]]) -> None:
 def format_table(table: pd.DataFrame) -> str:
     """The batching curve for the console: latencies in ms, throughput in tokens/s (± its 95 % interval's
     half-width), missing values as '-', a percentile with too few samples for an interval marked '~'."""
+    embeddings = format_embeddings(table)
     rows = glossary.console_rows(table, glossary.STEP)
     _marked(table, rows)
     if "generator_bound" in table.columns and table["generator_bound"].map(flagged).any():
@@ -259,9 +356,17 @@ def format_table(table: pd.DataFrame) -> str:
         rows[0].append(probe.header)
         for row, value in zip(rows[1:], table["probe"]):
             row.append(probe.show(value))
-    out = [glossary.SECTIONS[glossary.STEP].title, *glossary.aligned(rows)]
+    # An embeddings run's batching curve has only empty streaming columns (no TTFT, TPOT, ITL, output tokens): its
+    # Embeddings table takes that place, with the same suspect-step marks after it.
+    if embeddings:
+        lead = len(glossary.SECTIONS[glossary.STEP].shown())
+        marks = [row[lead:] for row in rows]
+        out = [embeddings[0], *glossary.aligned([e + m for e, m in zip(marked_rows(table), marks)])]
+    else:
+        out = [glossary.SECTIONS[glossary.STEP].title, *glossary.aligned(rows)]
     if "kv_cache_usage_max" in table.columns and table["kv_cache_usage_max"].notna().any():
         out += ["", *glossary.console_table(table, glossary.SERVER)]
     out += format_generator(table)
     out += format_open_loop(table)
+    out += format_reasoning(table)
     return "\n".join(out)

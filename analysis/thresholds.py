@@ -38,3 +38,28 @@ OUTLIER_MARGIN = 0.20  # how far below its neighbours' line a step must lie to b
 # 2-core machine (1256 -> 1163 tok/s at 1 user, 8956 -> 9839 at 16), where vLLM's own generation-token counter
 # wandered as much over 10 s at a steady load; steps whose halves differ by 15-20 % are still flagged.
 STABLE_TOLERANCE = KNEE_GAIN
+
+# The roofline verdict per step (analysis/roofline.py), on DCGM's profiling ratios (0-1, time averages over the
+# scrape's collection period), each judged on its 95 % interval, not its mean: a bound must clear the threshold.
+# - DRAM active >= 0.5: memory-bandwidth-bound. DRAM_ACTIVE is the share of cycles the memory interface moves data,
+#   which is the achieved share of the peak bandwidth. Decode kernels reach 70-90 % of peak while they run
+#   (analysis/ceiling.py's gap); the engine's scheduling, sampling and launches between them leave the memory idle
+#   for the rest of each step. Above half, reading memory is most of what the GPU does; below it the memory is idle
+#   more often than it is used, so it cannot be what binds.
+# - SM active >= 0.9: compute-bound (saturated). SM_ACTIVE is the share of time an SM has a warp resident, averaged
+#   over the SMs: at 0.9 every SM has work nearly all the time. Warps waiting on memory count as active too, so
+#   memory-bound decode also reads high here; that is why memory_bound asks for SM below saturation only, and
+#   compute_bound for DRAM below its threshold.
+# - SM active and DRAM active both < 0.5: neither. The GPU is idle more than half the time: it waits on the serving
+#   engine's CPU side, the scheduler or the load itself.
+# Between these bands (SM 0.5-0.9 with DRAM low, both near their limits, an interval straddling a threshold) the
+# counters cannot tell, and the regime is left empty rather than guessed.
+DRAM_ACTIVE_HIGH = 0.5
+SM_ACTIVE_SATURATED = 0.9
+GPU_ACTIVE_LOW = 0.5
+# The ceiling's comparison (analysis/roofline.py ceiling_lines): the weights' share of the peak bandwidth (1 / TPOT
+# p50 steps per second, each reading every weight once, over the ceiling's rate) far below the DRAM activity means
+# the memory moves something else (the KV cache, activations) or the bandwidth or weight-size figure is wrong; "far"
+# is under half of the DRAM activity's lower bound: a KV cache as large as the weights (long contexts at high load)
+# already doubles the bytes per step, so a smaller gap is the expected KV-cache traffic.
+WEIGHT_SHARE_FAR_BELOW = 0.5

@@ -2,6 +2,9 @@
 
 python -m embedded_vllm install            # vLLM's CPU build in its own venv, and the tiny model
 python -m embedded_vllm serve [--port 8000] [--num-blocks 128 ...]   # until Ctrl-C (--no-prefix-caching)
+python -m embedded_vllm serve --reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes
+python -m embedded_vllm serve --embed      # the tiny model as an embedding model: /v1/embeddings
+python -m embedded_vllm serve --vision     # a tiny vision-language model: chat with one image per request
 python -m embedded_vllm demo               # server + stepped load + table, results in reports/
 python -m embedded_vllm demo --capacity    # server + capacity search (--find-capacity users) against --slo
 python -m embedded_vllm wait URL           # wait until URL/health answers (used by docker-compose)
@@ -28,6 +31,36 @@ def _settings_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="max concurrent sequences")
     p.add_argument("--startup-timeout", type=float, default=d.startup_timeout_s, help="seconds")
     p.add_argument("--no-prefix-caching", action="store_true", help="disable vLLM's prefix caching (on by default)")
+    p.add_argument(
+        "--reasoning-parser",
+        default=d.reasoning_parser,
+        metavar="NAME",
+        help="vLLM's reasoning parser: thoughts stream as delta.reasoning (qwen3 with the tiny model; "
+        "docs/reasoning.md)",
+    )
+    p.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="let the model call the request's tools (tool_choice auto); needs --tool-call-parser",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        default=d.tool_call_parser,
+        metavar="NAME",
+        help="vLLM's tool-call parser for --enable-auto-tool-choice (hermes with the tiny model)",
+    )
+    p.add_argument(
+        "--embed",
+        action="store_true",
+        help="serve the tiny model as an embedding model (vLLM's pooling runner): /v1/embeddings only "
+        "(load it with --endpoint embeddings)",
+    )
+    p.add_argument(
+        "--vision",
+        action="store_true",
+        help="serve a tiny random-weight vision-language model (BLIP-2 layout): chat with one image per request "
+        "(--endpoint chat --images 1:WxH), 32 prompt tokens per image",
+    )
 
 
 def _settings(a: argparse.Namespace) -> ServerSettings:
@@ -39,7 +72,23 @@ def _settings(a: argparse.Namespace) -> ServerSettings:
         max_num_seqs=a.max_num_seqs,
         startup_timeout_s=a.startup_timeout,
         prefix_caching=not a.no_prefix_caching,
+        reasoning_parser=a.reasoning_parser,
+        tool_call_parser=a.tool_call_parser if a.enable_auto_tool_choice else "",
+        embed=getattr(a, "embed", False),
+        vision=getattr(a, "vision", False),
     )
+
+
+def _tool_flags_problem(a: argparse.Namespace) -> str | None:
+    """vLLM needs both tool flags or neither; one alone is refused before anything starts. --embed and --vision
+    are two different models."""
+    if getattr(a, "embed", False) and getattr(a, "vision", False):
+        return "--embed and --vision serve two different models; choose one"
+    if a.enable_auto_tool_choice and not a.tool_call_parser:
+        return "--enable-auto-tool-choice needs --tool-call-parser NAME (e.g. hermes)"
+    if a.tool_call_parser and not a.enable_auto_tool_choice:
+        return f"--tool-call-parser {a.tool_call_parser} takes effect only with --enable-auto-tool-choice; add it"
+    return None
 
 
 def _sigterm_to_keyboard_interrupt() -> None:
@@ -79,6 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     wait.add_argument("url")
     wait.add_argument("--timeout", type=float, default=1800)
     a = ap.parse_args(argv)
+    problem = _tool_flags_problem(a) if a.command in ("serve", "demo") else None
+    if a.command == "demo" and (a.embed or a.vision):
+        # The demo's load is streamed text generation, which neither model serves.
+        flag = "--embed" if a.embed else "--vision"
+        problem = f"demo runs text generation; use serve {flag} and run the load yourself"
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 3
     _sigterm_to_keyboard_interrupt()
 
     try:

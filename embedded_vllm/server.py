@@ -11,9 +11,11 @@ Everything is cached under VLLM_LOADTEST_CACHE (default: <repo>/.cache/embedded-
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,6 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -87,20 +90,71 @@ def ensure_installed(cache: Path | None = None) -> Path:
     return python
 
 
+TINY_MODEL = Path(__file__).with_name("tiny_model.py")
+
+
+TINY_VISION_MODEL = Path(__file__).with_name("tiny_vision_model.py")
+
+
+def generator_hash(generator: Path = TINY_MODEL) -> str:
+    """A generator's content hash, which the model it made records (tiny_model.generator_hash)."""
+    return hashlib.sha256(generator.read_bytes()).hexdigest()[:16]
+
+
+def _model_is_current(model: Path, generator: Path = TINY_MODEL) -> bool:
+    try:
+        return json.loads((model / "tiny_model.json").read_text()).get("generator") == generator_hash(generator)
+    except (OSError, ValueError):
+        return False
+
+
 def ensure_model(python: Path, cache: Path | None = None) -> Path:
-    """The tiny model's directory, generated on first use (no download)."""
+    """The tiny model's directory, generated on first use (no download) and again whenever tiny_model.py changed
+    (a model from before it gained the parsers' tokens records no hash: it is regenerated too)."""
     cache = cache or cache_dir()
-    model = cache / "tiny-model"
-    if (model / "tiny_model.json").exists():
+    return _ensure_generated(
+        python, cache, "tiny-model", TINY_MODEL, [], "generating the tiny model", _model_is_current
+    )
+
+
+def ensure_vision_model(python: Path, cache: Path | None = None) -> Path:
+    """The tiny vision-language model's directory (tiny_vision_model.py, around the text model's tokenizer),
+    generated on first use and again whenever either generator changed."""
+    cache = cache or cache_dir()
+    text = ensure_model(python, cache)
+
+    def current(model: Path) -> bool:
+        if not _model_is_current(model, TINY_VISION_MODEL):
+            return False
+        # The tokenizer is the text model's: a vision model made around an older one is made again.
+        return json.loads((model / "tiny_model.json").read_text()).get("text_generator") == generator_hash()
+
+    return _ensure_generated(
+        python, cache, "tiny-vision-model", TINY_VISION_MODEL, [str(text)], "generating the tiny vision model", current
+    )
+
+
+def _ensure_generated(
+    python: Path, cache: Path, name: str, generator: Path, args: list[str], what: str, current: Callable[[Path], bool]
+) -> Path:
+    """cache/name, made by `generator ARGS DIR` unless `current` holds for the one there."""
+    model = cache / name
+    if current(model):
         return model
     log = cache / "model.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    _run_logged(
-        [str(python), str(Path(__file__).with_name("tiny_model.py")), str(model)],
-        log,
-        "generating the tiny model",
-        env=env,
-    )
+    # Built aside and swapped in, so a half-written model is never taken for a current one.
+    fresh = cache / f"{name}.new-{os.getpid()}"
+    shutil.rmtree(fresh, ignore_errors=True)
+    _run_logged([str(python), str(generator), *args, str(fresh)], log, what, env=env)
+    old = cache / f"{name}.old-{os.getpid()}"
+    if model.exists():
+        model.rename(old)
+    try:
+        fresh.rename(model)
+    except OSError:  # another process swapped its own in meanwhile
+        shutil.rmtree(fresh, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
     return model
 
 
@@ -127,6 +181,19 @@ class ServerSettings:
     # (--dataset shared-prefix:L) is known to hit the cache, and a run without the cache is one setting away.
     prefix_caching: bool = True
     startup_timeout_s: float = 420.0
+    # vLLM's --reasoning-parser (e.g. qwen3, deepseek_r1: the tiny model has their <think> </think>); "" for none.
+    reasoning_parser: str = ""
+    # vLLM's --enable-auto-tool-choice with --tool-call-parser (e.g. hermes: <tool_call> </tool_call>); "" for none.
+    # vLLM 0.32 refuses tool_choice "required" without a tool parser (400); with one it forces the call with
+    # structured output.
+    tool_call_parser: str = ""
+    # The tiny model as an embedding model: vLLM's pooling runner with the causal LM converted to an embedder
+    # (--runner pooling --convert embed; the last token's hidden state, normalized). It then serves /v1/embeddings
+    # and no longer /v1/completions or /v1/chat/completions.
+    embed: bool = False
+    # A tiny random-weight vision-language model (BLIP-2 layout, tiny_vision_model.py) instead of the text model:
+    # chat requests may carry one image each (vLLM's limit for BLIP-2), 32 prompt tokens per image.
+    vision: bool = False
 
 
 SERVER_AUTOGROUP_NICE = 10
@@ -171,6 +238,12 @@ class EmbeddedVLLM:
             "--num-gpu-blocks-override", str(s.num_blocks), "--block-size", str(s.block_size),
             "--max-model-len", str(s.max_model_len), "--max-num-seqs", str(s.max_num_seqs),
             "--enable-prefix-caching" if s.prefix_caching else "--no-enable-prefix-caching",
+            # Only adds usage.prompt_tokens_details.cached_tokens to each final usage: the per-request prefix-cache
+            # hits (requests.parquet's cached_prompt_tokens, turns.csv's hit rate per turn).
+            "--enable-prompt-tokens-details",
+            *(["--reasoning-parser", s.reasoning_parser] if s.reasoning_parser else []),
+            *(["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser] if s.tool_call_parser else []),
+            *(["--runner", "pooling", "--convert", "embed"] if s.embed else []),
         ]  # fmt: skip
 
     def start(self) -> EmbeddedVLLM:
@@ -180,8 +253,10 @@ class EmbeddedVLLM:
                 f"max_model_len {s.max_model_len} does not fit in the KV cache "
                 f"({s.num_blocks} blocks x {s.block_size}); lower it or add blocks"
             )
+        if s.embed and s.vision:
+            raise EmbeddedServerError("embed and vision are two different models; choose one")
         self.python = ensure_installed(self.cache)
-        self.model_dir = ensure_model(self.python, self.cache)
+        self.model_dir = (ensure_vision_model if s.vision else ensure_model)(self.python, self.cache)
         env = {
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": str(s.kv_cache_space_gib),

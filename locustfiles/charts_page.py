@@ -92,13 +92,21 @@ function stepDashes(steps, key, elapsed, few) {
   return {x, y};
 }
 
+// An embeddings run (a step with inputs/s): no tokens out, no TTFT, no TPOT; inputs/s and E2E are drawn instead.
+function isEmbeddings(d) {
+  return d.steps.some(s => s.inputs_per_s !== undefined && s.inputs_per_s !== null);
+}
+
 function drawTok(d) {
-  const steps = d.steps;
+  const emb = isEmbeddings(d);
+  const steps = d.steps.map(s => emb ? Object.assign({}, s, {aggregate_tok_s: s.inputs_per_s,
+                                                              ci_low: s.inputs_ci_low, ci_high: s.inputs_ci_high}) : s);
+  const unit = emb ? "inputs/s" : "tok/s";
   const x = steps.map(s => "step " + s.step + ": " + stepLabel(s));
   const y = steps.map(s => s.aggregate_tok_s);
   const withCi = steps.map(s => s.ci_low !== null && s.ci_high !== null && s.aggregate_tok_s !== null);
   const trace = {
-    type: "scatter", mode: "lines+markers", name: "aggregate tok/s", x, y,
+    type: "scatter", mode: "lines+markers", name: emb ? "inputs/s" : "aggregate tok/s", x, y,
     line: {color: "#1e88e5"},
     marker: {size: 11,
              color: steps.map(s => s.suspect ? "#e53935" : "#1e88e5"),
@@ -106,7 +114,7 @@ function drawTok(d) {
              line: {width: 2, color: steps.map(s => s.suspect ? "#e53935" : "#1e88e5")}},
     text: steps.map(s => (s.running ? "so far" : "") + (s.suspect ? " suspect: " + s.suspect_why.join(", ") : "")
                           + (s.requests !== null ? " (" + s.requests + " requests)" : "")),
-    hovertemplate: "%{x}<br>%{y:.1f} tok/s %{text}<extra></extra>",
+    hovertemplate: "%{x}<br>%{y:.1f} " + unit + " %{text}<extra></extra>",
   };
   if (withCi.some(Boolean)) {
     trace.error_y = {type: "data", symmetric: false, visible: true, color: "#555", thickness: 1.5, width: 6,
@@ -117,9 +125,10 @@ function drawTok(d) {
     x: "step " + s.step + ": " + stepLabel(s), y: s.aggregate_tok_s, text: s.suspect_why.join(", "),
     showarrow: true, arrowhead: 0, ay: -28, font: {size: 11, color: "#c62828"}}));
   Plotly.react("tok", [trace], {
-    title: {text: "Aggregate tok/s per step" + (d.has_ci ? " (95 % interval)" : ""), font: {size: 15}},
+    title: {text: (emb ? "Inputs/s" : "Aggregate tok/s") + " per step" + (d.has_ci ? " (95 % interval)" : ""),
+            font: {size: 15}},
     margin: MARGIN, xaxis: {type: "category", title: {text: "step"}},
-    yaxis: {title: {text: "tokens/s"}, rangemode: "tozero"}, showlegend: false, annotations,
+    yaxis: {title: {text: emb ? "inputs/s" : "tokens/s"}, rangemode: "tozero"}, showlegend: false, annotations,
   }, CONFIG);
 }
 
@@ -186,8 +195,13 @@ function draw(d) {
   setText("notes", notes.join(" "));
   drawTok(d);
   drawServer(d);
-  drawLatency("ttft", d, "ttft_p95_s", "TTFT p95 over time");
-  drawLatency("tpot", d, "tpot_p95_s", "TPOT p95 over time");
+  if (isEmbeddings(d) && d.latency.e2e_p95_s !== undefined) {
+    drawLatency("ttft", d, "e2e_p95_s", "E2E p95 over time (embeddings: send to the body's last byte)");
+    drawLatency("tpot", d, "tpot_p95_s", "TPOT p95 over time (does not apply: embeddings do not stream)");
+  } else {
+    drawLatency("ttft", d, "ttft_p95_s", "TTFT p95 over time");
+    drawLatency("tpot", d, "tpot_p95_s", "TPOT p95 over time");
+  }
 }
 
 async function refresh() {

@@ -33,7 +33,9 @@ from typing import ClassVar
 from geventhttpclient import HTTPClient
 from geventhttpclient.url import URL
 
-from ..analysis import servers
+from ..analysis import conversation, servers
+from ..analysis.conversation import Turn
+from . import request_options
 
 logger = logging.getLogger("vllm_loadtest.datasets")
 
@@ -91,6 +93,8 @@ class Dataset:
     # Serialized request bodies shared by the users of a process, keyed by what else shapes them (see
     # OpenAIStreamingUser): one copy per process instead of one per user.
     prepared: dict = field(default_factory=dict, repr=False)
+    # --turns with sharegpt: each conversation's turns in order (None otherwise: the items are the turns' texts).
+    conversations: list[list[Turn]] | None = None
 
 
 # --- the server's tokenizer ---------------------------------------------------------------------------------
@@ -112,10 +116,13 @@ class Tokenizer:
         endpoint: servers.TokenizerEndpoint | None = DEFAULT_TOKENIZER,
         chat: bool = False,
         server: str = "vllm",
+        chat_fields: dict | None = None,
     ) -> None:
         base = URL(host)
         self.endpoint = endpoint
         self.chat = chat  # the run's endpoint is chat: prompts are messages, counted with the chat template
+        # The request options the chat template renders (tools, chat_template_kwargs), counted with the messages.
+        self.chat_fields = chat_fields or {}
         self.server = server
         self.path = base.path.rstrip("/") + (endpoint.path if endpoint is not None else "/tokenize")
         self.model = model
@@ -163,7 +170,10 @@ class Tokenizer:
         chat template); `special=False` counts bare text, as for a reference answer."""
         if self.endpoint is None:
             raise DatasetError(f"--server-type {self.server} has no tokenizer endpoint")
-        status, answer = self._post(servers.tokenize_body(self.endpoint, self.model, prompt, special))
+        body = servers.tokenize_body(self.endpoint, self.model, prompt, special)
+        if isinstance(prompt, list) and self.chat_fields:
+            body.update(self.chat_fields)
+        status, answer = self._post(body)
         if status != 200:
             raise DatasetError(
                 f"the server's {self.endpoint.path} answered HTTP {status} "
@@ -174,6 +184,16 @@ class Tokenizer:
 
     def close(self) -> None:
         self.client.close()
+
+
+def server_tokenizer(host: str, model: str, api_key: str | None, options) -> Tokenizer:
+    """The server's tokenizer for the run's options: its profile's endpoint, the chat template's fields (tools,
+    chat_template_kwargs) on the chat endpoint; shared by --dataset and --trace."""
+    profile = servers.of_options(options)
+    return Tokenizer(
+        host, model, api_key, timeout=min(60.0, float(options.read_timeout)), endpoint=profile.tokenizer,
+        chat=options.endpoint == "chat", server=profile.name, chat_fields=request_options.tokenize_fields(options),
+    )  # fmt: skip
 
 
 @dataclass
@@ -343,7 +363,7 @@ class ShareGPTSource(Source):
     has_reference = True
     HUMAN = ("human", "user")
     GPT = ("gpt", "chatgpt", "assistant")
-    _cache: ClassVar[dict[tuple, list[tuple[str, str]]]] = {}
+    _cache: ClassVar[dict[tuple, list[list[tuple[str, str]]]]] = {}
 
     def __init__(self, argument: str) -> None:
         super().__init__(argument)
@@ -351,7 +371,13 @@ class ShareGPTSource(Source):
             raise DatasetError("--dataset sharegpt needs a file; use e.g. --dataset sharegpt:ShareGPT_V3.json")
 
     def pairs(self) -> list[tuple[str, str]]:
-        """(prompt, reference answer) of every usable conversation, parsed once per file version."""
+        """(prompt, reference answer) of every usable conversation: its first human turn and the gpt turn after it."""
+        return [conversation[0] for conversation in self.conversations()]
+
+    def conversations(self) -> list[list[tuple[str, str]]]:
+        """Every usable conversation as its (human turn, gpt answer) pairs in order, parsed once per file version:
+        from its first human turn, as long as a human turn is followed by a gpt turn (a conversation ends at the
+        first turn that breaks the alternation, or at a last human turn without an answer)."""
         path = self.argument
         where = f"--dataset sharegpt:{path}"
         try:
@@ -367,24 +393,28 @@ class ShareGPTSource(Source):
             raise DatasetError(f"{where} is not JSON ({e}); it must be a ShareGPT list of conversations") from None
         if not isinstance(data, list):
             raise DatasetError(f'{where} must be a JSON list of {{"conversations": [...]}} objects')
-        pairs = []
+        conversations = []
         for entry in data:
             turns = entry.get("conversations") if isinstance(entry, dict) else None
             if not isinstance(turns, list):
                 continue
-            for i, turn in enumerate(turns[:-1]):
-                if _turn(turn, self.HUMAN):
-                    answer = turns[i + 1]
-                    if _turn(answer, self.GPT):
-                        pairs.append((turn["value"], answer["value"]))
-                    break  # only the first human turn of a conversation
-        if not pairs:
+            first = next((i for i, turn in enumerate(turns[:-1]) if _turn(turn, self.HUMAN)), None)
+            if first is None:
+                continue
+            pairs = []
+            for i in range(first, len(turns) - 1, 2):
+                if not (_turn(turns[i], self.HUMAN) and _turn(turns[i + 1], self.GPT)):
+                    break
+                pairs.append((turns[i]["value"], turns[i + 1]["value"]))
+            if pairs:
+                conversations.append(pairs)
+        if not conversations:
             raise DatasetError(
                 f"{where} has no conversation with a human turn followed by a gpt turn "
                 '(expected [{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}]}])'
             )
-        self._cache[key] = pairs
-        return pairs
+        self._cache[key] = conversations
+        return conversations
 
     def check(self) -> None:
         self.pairs()
@@ -420,6 +450,46 @@ class ShareGPTSource(Source):
                 "use a server with a longer context or another file"
             )
         return items
+
+    def build_conversations(self, ctx: BuildContext, turns: int | None) -> list[list[Turn]]:
+        """--turns: --num-prompts whole conversations (drawn as build draws its prompts), each cut to its first
+        `turns` human turns (None: all of them), each turn with its reference answer and that answer's length. A
+        conversation longer than the server's max_model_len (its last prompt plus its reference answer) loses its
+        last turns until it fits."""
+        conversations = list(self.conversations())
+        random.Random(f"sharegpt:{ctx.seed}").shuffle(conversations)
+        tok = ctx.tokenizer
+        limit = tok.max_model_len if tok is not None else None
+        out: list[list[Turn]] = []
+        shortened = too_long = 0
+        for pairs in conversations:
+            if len(out) == ctx.num_prompts:
+                break
+            pairs = pairs[:turns] if turns is not None else pairs
+            if tok is None:
+                script = [Turn(u, a, max(1, round(len(a) / 4))) for u, a in pairs]
+            else:
+                script = [Turn(u, a, max(1, tok.count(a, special=False))) for u, a in pairs]
+                kept = len(script)
+                while kept and limit is not None and _conversation_tokens(tok, ctx.endpoint, script[:kept]) > limit:
+                    kept -= 1
+                if kept < len(script):
+                    shortened += kept > 0
+                    too_long += kept == 0
+                    script = script[:kept]
+            if script:
+                out.append(script)
+        if shortened or too_long:
+            ctx.notes.append(
+                f"{shortened} conversation(s) lost their last turns and {too_long} were skipped: longer than the "
+                f"server's max_model_len {limit} (the last prompt plus its reference answer)"
+            )
+        if not out:
+            raise DatasetError(
+                f"--dataset {self.spec}: no conversation fits the server's max_model_len {limit}; "
+                "use a server with a longer context or another file"
+            )
+        return out
 
 
 class SharedPrefixSource(Source):
@@ -482,6 +552,17 @@ def _turn(turn: object, roles: tuple[str, ...]) -> bool:
     )
 
 
+def _conversation_tokens(tok: Tokenizer, endpoint: str, script: list[Turn]) -> int:
+    """A conversation's last prompt (its earlier turns with their reference answers) plus its last reference answer."""
+    history = [(t.text, conversation.reference_answer(t.reference or "", endpoint)) for t in script[:-1]]
+    last = script[-1]
+    if endpoint == "chat":
+        prompt: str | list[dict] = conversation.chat_messages(None, history, last.text)
+    else:
+        prompt = conversation.completion_text(None, history, last.text)
+    return tok.count(prompt) + (last.reference_output_tokens or 0)
+
+
 def _as_prompt(text: str, endpoint: str) -> str | list[dict]:
     """Text as sent: the chat endpoint gets one user message (as --prompt always did)."""
     return [{"role": "user", "content": text}] if endpoint == "chat" else text
@@ -492,6 +573,9 @@ def _prompt_counter(ctx: BuildContext) -> Callable[[str], int]:
     assert tok is not None
     if ctx.endpoint == "chat":
         return lambda text: tok.count([{"role": "user", "content": text}])
+    if conversation.is_conversation(getattr(ctx.options, "turns", "1")):
+        # A conversation's first turn on completions is framed ("User: ...\nAssistant:"): N tokens with the frame.
+        return lambda text: tok.count(conversation.completion_text(None, (), text))
     return tok.count
 
 
@@ -522,11 +606,7 @@ def build_dataset(spec: str, options, host: str, model: str, api_key: str | None
     info: dict = {"spec": source.spec, "tokenizer": None}
     tokenizer = None
     if not isinstance(source, FixedSource):
-        profile = servers.of_options(options)
-        tokenizer = Tokenizer(
-            host, model, api_key, timeout=min(60.0, float(options.read_timeout)), endpoint=profile.tokenizer,
-            chat=options.endpoint == "chat", server=profile.name,
-        )  # fmt: skip
+        tokenizer = server_tokenizer(host, model, api_key, options)
         why = tokenizer.probe()
         if why is None:
             ctx.tokenizer = tokenizer
@@ -542,8 +622,19 @@ def build_dataset(spec: str, options, host: str, model: str, api_key: str | None
                 source.spec,
                 why,
             )
+    conversations = None
     try:
-        items = source.build(ctx)
+        turns = getattr(options, "turns", "1")
+        if isinstance(source, ShareGPTSource) and conversation.is_conversation(turns):
+            # Whole conversations; the items (for the single-request machinery) are their first turns.
+            conversations = source.build_conversations(ctx, conversation.parse_turns(turns))
+            items = [
+                Item(_as_prompt(c[0].text, ctx.endpoint), reference_output_tokens=c[0].reference_output_tokens)
+                for c in conversations
+            ]
+            info["conversation_turns"] = sum(len(c) for c in conversations)
+        else:
+            items = source.build(ctx)
     except DatasetError as e:
         if str(e).startswith("--dataset"):
             raise
@@ -557,7 +648,7 @@ def build_dataset(spec: str, options, host: str, model: str, api_key: str | None
         info["notes"] = ctx.notes
         for note in ctx.notes:
             logger.warning("--dataset %s: %s", source.spec, note)
-    return Dataset(source.spec, items, info)
+    return Dataset(source.spec, items, info, conversations=conversations)
 
 
 # --- max_tokens per request ----------------------------------------------------------------------------------

@@ -15,6 +15,10 @@ merging. A worker that goes missing (no heartbeat) is not waited for; the run di
 
 The self-check samples of each worker (`locustfiles/selfcheck.py`) travel the same way, into `generator/` and
 `generator/received/`, one message per row; a worker sends its last row before its final message.
+
+Each batch is appended whole or not at all (analysis/diskio.py). When the master cannot write a worker's records (a
+full disk), the plugin stops the run (one line, exit code 4); each worker's own file still holds them. A worker whose
+own copy cannot be written says so once and goes on shipping.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 import gevent
 from locust.runners import STATE_MISSING
 
+from ..analysis.diskio import LineFile, WriteFailure
 from ..analysis.generator import GENERATOR_DIR
 from ..analysis.records import RECEIVED_DIR, RECORDS_DIR
 
@@ -85,15 +90,18 @@ class WorkerLedger:
     """Master side: writes the records workers ship, tracks each worker's connection, disappearance and final
     message, and waits for the finals at the end of a run."""
 
-    def __init__(self, environment, on_change=None) -> None:
+    def __init__(self, environment, on_change=None, on_write_failure=None) -> None:
         self.environment = environment
         self.on_change = on_change
+        # Called once with the WriteFailure when a worker's records cannot be written here (the plugin stops the
+        # run); a failed self-check copy is only warned about (once per file).
+        self.on_write_failure = on_write_failure
         # Fired with lines=bytes for every batch of record lines of the current run (the web UI's live view
         # listens); the plugin creates it, a ledger without it fires nothing.
         self.records_event = getattr(environment.events, RECORDS_EVENT, None)
         self.run_dir: Path | None = None
         self.workers: dict[str, dict] = {}  # Locust client id -> what we know of it
-        self._files: dict[Path, object] = {}
+        self._files: dict[Path, LineFile | None] = {}  # None: it failed (said once), nothing more is written
         self._watch: gevent.Greenlet | None = None
         runner = environment.runner
         runner.register_message(RECORDS_MESSAGE, self._on_records)
@@ -156,18 +164,26 @@ class WorkerLedger:
             gevent.sleep(0.5)
             self._poll()
 
-    def _file(self, run_dir: Path, worker: str, kind: str = RECORDS_DIR):
+    def _write(self, run_dir: Path, worker: str, lines: bytes, kind: str = RECORDS_DIR) -> None:
+        """Append a batch of a worker's lines to its received copy, whole or not at all (analysis/diskio.py)."""
         path = run_dir / kind / RECEIVED_DIR / f"{worker}.jsonl"
-        f = self._files.get(path)
-        if f is None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            f = self._files[path] = open(path, "ab", buffering=0)
-        return f
+        try:
+            if path not in self._files:
+                self._files[path] = LineFile(path, unit="records" if kind == RECORDS_DIR else "samples")
+            f = self._files[path]
+            if f is not None:
+                f.write(lines, lines.count(b"\n"))
+        except WriteFailure as failure:
+            self._files[path] = None
+            if kind == RECORDS_DIR and self.on_write_failure is not None:
+                self.on_write_failure(failure)
+            else:
+                logger.warning("%s: the copies shipped to the master stop here (%s)", failure, failure.fix)
 
     def _on_records(self, environment, msg, **_kw) -> None:
         data = msg.data
         run_dir = Path(data["run_dir"])
-        self._file(run_dir, data["worker"]).write(data["lines"])
+        self._write(run_dir, data["worker"], data["lines"])
         if self.run_dir is not None and run_dir == self.run_dir:
             entry = self._entry(msg.node_id)
             entry["worker"] = data["worker"]
@@ -185,7 +201,7 @@ class WorkerLedger:
     def _on_generator(self, environment, msg, **_kw) -> None:
         data = msg.data
         run_dir = Path(data["run_dir"])
-        self._file(run_dir, data["worker"], GENERATOR_DIR).write(data["lines"])
+        self._write(run_dir, data["worker"], data["lines"], GENERATOR_DIR)
         if self.run_dir is None or run_dir != self.run_dir:
             logger.warning(
                 "self-check samples from worker %s arrived after %s was merged; `python -m analysis report %s` "
@@ -263,7 +279,8 @@ class WorkerLedger:
 
     def close_files(self) -> None:
         for f in self._files.values():
-            f.close()
+            if f is not None:
+                f.close(sync=False)
         self._files = {}
 
 

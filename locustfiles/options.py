@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from locust.util.timespan import parse_timespan
 
 from ..analysis import capacity, servers
 from ..analysis.adaptive import AUTO, DEFAULT_CI_TARGET, DEFAULT_MAX_STEP_DURATION, parse_ci_target
 from ..analysis.run import parse_rate
-from ..analysis.schedule import ARRIVALS, DEFAULT_ARRIVAL, parse_rates
+from ..analysis.schedule import ARRIVALS, DEFAULT_ARRIVAL, GAMMA, check_burstiness, parse_rates
 
 __all__ = ["parse_rate"]  # re-exported: the --max-error-rate parser, shared with analysis.finish
 
@@ -22,7 +25,7 @@ DEFAULT_PROMPT = "Explica en detalle cómo funciona la fotosíntesis."
 DEFAULT_STEPS = "1,2,4,8,16,32,64"
 DEFAULT_STEP_DURATION = "30s"
 DEFAULT_MAX_USERS = 1000
-ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "embeddings": "/v1/embeddings"}
 
 
 def api_key(options) -> str | None:
@@ -53,7 +56,43 @@ def add_arguments(parser) -> None:
         default="completions",
         choices=sorted(ENDPOINTS),
         env_var="LOCUST_ENDPOINT",
-        help="completions (/v1/completions) or chat (/v1/chat/completions)",
+        help="completions (/v1/completions), chat (/v1/chat/completions) or embeddings (/v1/embeddings: not "
+        "streamed, --batch-size inputs per request)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        env_var="LOCUST_BATCH_SIZE",
+        help="--endpoint embeddings: inputs per request, taken in turn from --dataset",
+    )
+    parser.add_argument(
+        "--encoding-format",
+        default="float",
+        choices=["float", "base64"],
+        env_var="LOCUST_ENCODING_FORMAT",
+        help="--endpoint embeddings: the vectors as JSON floats or base64 (little-endian float32)",
+    )
+    parser.add_argument(
+        "--images",
+        default="",
+        env_var="LOCUST_IMAGES",
+        help="--endpoint chat: N:WIDTHxHEIGHT, N generated images (seeded by --seed) added to every request as "
+        "image_url parts with base64 data URLs, e.g. 2:512x512; distinct per request unless --image-reuse",
+    )
+    parser.add_argument(
+        "--image-reuse",
+        action="store_true",
+        default=False,
+        env_var="LOCUST_IMAGE_REUSE",
+        help="With --images: every request sends the same images (to measure the server's image cache)",
+    )
+    parser.add_argument(
+        "--image-format",
+        default="png",
+        choices=["png", "jpeg"],
+        env_var="LOCUST_IMAGE_FORMAT",
+        help="With --images: the images' encoding",
     )
     parser.add_argument(
         "--prompt", default=DEFAULT_PROMPT, env_var="LOCUST_PROMPT", help="Prompt text sent with every request"
@@ -93,8 +132,8 @@ def add_arguments(parser) -> None:
         type=int,
         default=0,
         env_var="LOCUST_SEED",
-        help="Seed of the generated and sampled prompts, of --max-tokens-dist and of --arrival poisson's times "
-        "(the same seed gives the same prompts and schedule, in every worker)",
+        help="Seed of the generated and sampled prompts, of --max-tokens-dist and of --arrival poisson's and gamma's "
+        "times (the same seed gives the same prompts and schedule, in every worker)",
     )
     parser.add_argument(
         "--temperature",
@@ -111,6 +150,33 @@ def add_arguments(parser) -> None:
         help="Send ignore_eos (vLLM, SGLang, llama.cpp) so every request generates exactly --max-tokens. Refused "
         "(exit code 3, nothing sent) with a server type that has no such field (openai, tgi): lengths would not be "
         "exact, and a strict API rejects the field",
+    )
+    parser.add_argument(
+        "--chat-template-kwargs",
+        default="",
+        env_var="LOCUST_CHAT_TEMPLATE_KWARGS",
+        help="Chat endpoint: a JSON object sent as chat_template_kwargs, e.g. '{\"enable_thinking\": false}' for Qwen3",
+    )
+    parser.add_argument(
+        "--tools",
+        default="",
+        env_var="LOCUST_TOOLS",
+        help="Chat endpoint: a JSON file holding a list of OpenAI tool definitions sent with every request "
+        "(run.json keeps its path, sha256 and tool names)",
+    )
+    parser.add_argument(
+        "--tool-choice",
+        default="",
+        env_var="LOCUST_TOOL_CHOICE",
+        help="With --tools: auto, none, required or the NAME of one of the tools (sent as tool_choice)",
+    )
+    parser.add_argument(
+        "--extra-body",
+        default="",
+        env_var="LOCUST_EXTRA_BODY",
+        help="A JSON object merged into every request body (server-specific fields, e.g. '{\"top_k\": 20}'; saved in "
+        "run.json: no secrets): objects merge key by key, other values replace the suite's; model, prompt, messages, "
+        "max_tokens (their own options) and a stream other than true are refused",
     )
     parser.add_argument(
         "--read-timeout",
@@ -171,7 +237,80 @@ def add_arguments(parser) -> None:
         default=DEFAULT_ARRIVAL,
         choices=list(ARRIVALS),
         env_var="LOCUST_ARRIVAL",
-        help="With --rates: poisson (exponential times between requests, seeded by --seed) or constant (evenly spaced)",
+        help="With --rates: poisson (exponential times between requests, seeded by --seed), constant (evenly "
+        "spaced) or gamma (gamma-distributed times between requests of shape --burstiness, seeded by --seed)",
+    )
+    parser.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        env_var="LOCUST_BURSTINESS",
+        help="With --arrival gamma: the gamma distribution's shape (1 = Poisson, below 1 burstier, above 1 smoother), "
+        "as vLLM bench serve's --burstiness",
+    )
+    parser.add_argument(
+        "--turns",
+        default="1",
+        env_var="LOCUST_TURNS",
+        help="Conversations: each user holds conversations of N turns (chat endpoint: every turn resends the whole "
+        "history; completions: the history as text); all: each sharegpt conversation's own human turns",
+    )
+    parser.add_argument(
+        "--history",
+        default="generated",
+        choices=["generated", "reference"],
+        env_var="LOCUST_HISTORY",
+        help="With --turns: the answers resent as history: generated (what the server streamed) or reference "
+        "(the dataset's own answers, sharegpt)",
+    )
+    parser.add_argument(
+        "--think-time",
+        default="0",
+        env_var="LOCUST_THINK_TIME",
+        help="With --turns: the wait between a turn's answer and the next turn, excluded from latency: 0, "
+        "constant:2s, exponential:5s (mean) or uniform:1s:4s",
+    )
+    parser.add_argument(
+        "--trace",
+        default="",
+        env_var="LOCUST_TRACE",
+        help="Replay a timestamped trace instead of --steps/--rates: each row sent once, open loop, at its time",
+    )
+    parser.add_argument(
+        "--trace-format",
+        default="auto",
+        choices=["auto", "mooncake", "azure", "jsonl"],
+        env_var="LOCUST_TRACE_FORMAT",
+        help="With --trace: mooncake (JSONL: timestamp ms, input_length, output_length, hash_ids), azure (CSV: "
+        "TIMESTAMP, ContextTokens, GeneratedTokens) or jsonl (timestamp s or ms, prompt or input_length, "
+        "output_length); auto detects it from the content",
+    )
+    parser.add_argument(
+        "--trace-speed",
+        type=float,
+        default=1.0,
+        env_var="LOCUST_TRACE_SPEED",
+        help="With --trace: replay speed (2 = twice as fast: every gap between rows halved)",
+    )
+    parser.add_argument(
+        "--trace-start",
+        default="0s",
+        env_var="LOCUST_TRACE_START",
+        help="With --trace: replay from this offset into the trace (e.g. 10m), in the trace's own time",
+    )
+    parser.add_argument(
+        "--trace-duration",
+        default="",
+        env_var="LOCUST_TRACE_DURATION",
+        help="With --trace: replay only this much of the trace from --trace-start (e.g. 5m), in the trace's own "
+        "time. Default: to the end",
+    )
+    parser.add_argument(
+        "--trace-block-tokens",
+        type=int,
+        default=512,
+        env_var="LOCUST_TRACE_BLOCK_TOKENS",
+        help="With --trace: tokens per hash_id block (Mooncake's 512): rows sharing a hash_id share that text block",
     )
     parser.add_argument(
         "--max-users",
@@ -256,7 +395,16 @@ def add_arguments(parser) -> None:
         type=float,
         default=1.0,
         env_var="LOCUST_SCRAPE_INTERVAL",
-        help="Seconds between two scrapes of --metrics-url",
+        help="Seconds between two scrapes of --metrics-url (and of each --gpu-metrics-url)",
+    )
+    parser.add_argument(
+        "--gpu-metrics-url",
+        action="append",
+        default=None,
+        env_var="LOCUST_GPU_METRICS_URL",
+        help="A GPU exporter's Prometheus endpoint (NVIDIA dcgm-exporter, e.g. http://gpu-node:9400/metrics), "
+        "scraped beside --metrics-url for steps.csv's GPU columns; repeat it once per GPU host (the environment "
+        "variable takes several, separated by commas or spaces)",
     )
     parser.add_argument(
         "--no-report",
@@ -270,7 +418,8 @@ def add_arguments(parser) -> None:
         default="",
         env_var="LOCUST_SLO",
         help="Service-level objectives every step must meet, e.g. ttft_p95=500ms,tpot_p95=50ms,e2e_p99=20s,"
-        "error_rate=1%%: goodput per step, summary.md, and exit code 1 in headless mode when one is broken",
+        "error_rate=1%% (a reasoning model: ttfo_p95=2s, the first answer token): goodput per step, summary.md, and "
+        "exit code 1 in headless mode when one is broken",
     )
     parser.add_argument(
         "--gpu",
@@ -382,10 +531,13 @@ def check(options: argparse.Namespace) -> None:
             raise ValueError(f"--max-users {options.max_users} must be at least 1")
     check_step_length(options)
     check_capacity(options)
+    check_arrival(options)
+    check_request_kind(options)
     if options.max_tokens < 1:
         raise ValueError(f"--max-tokens {options.max_tokens} must be at least 1")
     if options.scrape_interval <= 0:
         raise ValueError(f"--scrape-interval {options.scrape_interval} must be positive (seconds)")
+    options.gpu_metrics_url = gpu_metrics_urls(options) or None  # one type from here on: a list of checked URLs
     if options.read_timeout <= 0:
         raise ValueError(f"--read-timeout {options.read_timeout} must be positive (seconds)")
     parse_rate(options.max_error_rate, "--max-error-rate")
@@ -409,9 +561,125 @@ def check(options: argparse.Namespace) -> None:
 
         bandwidth_gbs(options.gpu, None)
     if getattr(options, "slo", ""):
-        from ..analysis.slo import parse_slo
+        from ..analysis.slo import check_endpoint, parse_slo
 
-        parse_slo(options.slo)
+        check_endpoint(parse_slo(options.slo), getattr(options, "endpoint", ""))
+
+
+def gpu_metrics_urls(options: argparse.Namespace) -> list[str]:
+    """--gpu-metrics-url as a list of http(s) URLs, each once: repeated flags, an environment variable or a web UI
+    field holding several (commas or spaces); raises ValueError naming a URL that is not http(s)."""
+    given = getattr(options, "gpu_metrics_url", None) or []
+    if isinstance(given, str):
+        given = [given]
+    urls: list[str] = []
+    for item in given:
+        for url in re.split(r"[\s,]+", str(item).strip()):
+            if not url or url in urls:
+                continue
+            parts = urlsplit(url)
+            try:
+                parts.port  # noqa: B018 (raises ValueError on a port that is not a number)
+                valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+            except ValueError:
+                valid = False
+            if not valid:
+                raise ValueError(
+                    f"--gpu-metrics-url {url!r} is not an http(s) URL; give the exporter's address, e.g. "
+                    "--gpu-metrics-url http://gpu-node:9400/metrics"
+                )
+            urls.append(url)
+    return urls
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """--images N:WIDTHxHEIGHT."""
+
+    count: int
+    width: int
+    height: int
+
+
+MAX_IMAGE_SIDE = 8192  # pixels: beyond any vision encoder's input, and a 8192x8192 PNG is ~200 MB of pixels
+
+
+def parse_images(text: str) -> ImageSpec | None:
+    """--images N:WIDTHxHEIGHT (e.g. 2:512x512) as an ImageSpec; "" is None (no images)."""
+    text = str(text or "").strip()
+    if not text:
+        return None
+    m = re.fullmatch(r"(\d+):(\d+)[xX](\d+)", text)
+    if not m:
+        raise ValueError(f"--images {text!r} is not N:WIDTHxHEIGHT; give e.g. --images 2:512x512")
+    count, width, height = (int(g) for g in m.groups())
+    if count < 1:
+        raise ValueError(f"--images {text}: the number of images must be at least 1, e.g. --images 1:512x512")
+    if not (1 <= width <= MAX_IMAGE_SIDE and 1 <= height <= MAX_IMAGE_SIDE):
+        raise ValueError(f"--images {text}: each side must be 1 to {MAX_IMAGE_SIDE} pixels, e.g. --images 1:512x512")
+    return ImageSpec(count, width, height)
+
+
+def check_request_kind(options: argparse.Namespace) -> None:
+    """--batch-size, --encoding-format (embeddings), --images, --image-reuse, --image-format (chat): each only where
+    it applies, and an embeddings run only with the options that apply to a request that does not stream."""
+    endpoint = getattr(options, "endpoint", "completions")
+    batch = getattr(options, "batch_size", 1)
+    if batch < 1:
+        raise ValueError(f"--batch-size {batch} must be at least 1 (inputs per embeddings request)")
+    images = parse_images(getattr(options, "images", ""))
+    if endpoint == "embeddings":
+        # Each of these shapes a streamed generation, which an embeddings request does not have: refused rather
+        # than ignored, so a run measures what its options say.
+        refused = [
+            ("--images", bool(images)),
+            ("--ignore-eos", bool(getattr(options, "ignore_eos", False))),
+            ("--max-tokens-dist", bool(getattr(options, "max_tokens_dist", ""))),
+            ("--turns", str(getattr(options, "turns", "1")).strip() != "1"),
+            ("--trace", bool(getattr(options, "trace", ""))),
+            ("--chat-template-kwargs", bool(getattr(options, "chat_template_kwargs", ""))),
+            ("--tools", bool(getattr(options, "tools", ""))),
+            ("--tool-choice", bool(getattr(options, "tool_choice", ""))),
+            ("--step-duration auto", parse_step_duration(options.step_duration) is None),
+            ("--find-capacity", bool(getattr(options, "find_capacity", ""))),
+        ]
+        for flag, given in refused:
+            if given:
+                raise ValueError(
+                    f"{flag} does not apply to --endpoint embeddings (a request that does not stream or generate); "
+                    f"drop {flag}"
+                )
+        return
+    if batch != 1:
+        raise ValueError(f"--batch-size {batch} only applies to --endpoint embeddings; add it or drop --batch-size")
+    if getattr(options, "encoding_format", "float") != "float":
+        raise ValueError("--encoding-format only applies to --endpoint embeddings; add it or drop --encoding-format")
+    if images is not None and endpoint != "chat":
+        raise ValueError(
+            f"--images only applies to --endpoint chat (images are chat content parts; this run's endpoint is "
+            f"{endpoint}); add --endpoint chat or drop --images"
+        )
+    if images is None:
+        for flag, given in (
+            ("--image-reuse", bool(getattr(options, "image_reuse", False))),
+            ("--image-format", getattr(options, "image_format", "png") != "png"),
+        ):
+            if given:
+                raise ValueError(f"{flag} only applies with --images; add e.g. --images 1:512x512 or drop {flag}")
+
+
+def check_arrival(options: argparse.Namespace) -> None:
+    """--burstiness is a positive finite number, and other than 1 only with --arrival gamma (elsewhere it would do
+    nothing). --arrival gamma itself, like poisson and constant, only shapes an open loop's arrivals: a closed loop
+    or a trace replay ignores it, as it always ignored --arrival."""
+    burstiness = check_burstiness(getattr(options, "burstiness", 1.0))
+    arrival = getattr(options, "arrival", DEFAULT_ARRIVAL)
+    if burstiness != 1 and arrival != GAMMA:
+        raise ValueError(
+            f"--burstiness {options.burstiness} only applies with --arrival gamma (this run's arrivals are "
+            f"{arrival}); add --arrival gamma or drop --burstiness"
+        )
+    options.burstiness = burstiness  # the web UI's start form may hand back text: one type from here on
 
 
 def check_capacity(options: argparse.Namespace) -> None:
@@ -454,16 +722,27 @@ def check_capacity(options: argparse.Namespace) -> None:
 
 
 def check_server_type(options: argparse.Namespace, server_type: str | None = None) -> None:
-    """--server-type is known, and --ignore-eos is a field the server takes (`server_type`: the resolved one)."""
+    """--server-type is known, and --ignore-eos and --chat-template-kwargs are fields the server takes
+    (`server_type`: the resolved one)."""
     given = getattr(options, "server_type", "auto") or "auto"
     if given not in servers.SERVER_TYPES:  # the web UI's form hands back free text
         raise ValueError(f"--server-type {given!r} is not one of {', '.join(servers.SERVER_TYPES)}")
     name = server_type or given
-    if name == "auto" or not getattr(options, "ignore_eos", False):
+    if name == "auto":
         return
     profile = servers.get(name)
+    how = "" if server_type is None or given != "auto" else " (detected)"
+    if str(getattr(options, "chat_template_kwargs", "") or "").strip() and not profile.chat_template_kwargs:
+        # A strict API answers an unknown field with a 400 (every request would fail); another server would apply
+        # no template argument, and thinking on and off would measure the same.
+        raise ValueError(
+            f"--chat-template-kwargs cannot be sent to a {profile.title} server (--server-type {name}{how}): it has "
+            "no chat_template_kwargs field; drop it, pass --server-type vllm if the server is a vLLM, or send it "
+            "anyway with --extra-body '{\"chat_template_kwargs\": ...}'"
+        )
+    if not getattr(options, "ignore_eos", False):
+        return
     if not profile.ignore_eos:
-        how = "" if server_type is None or given != "auto" else " (detected)"
         raise ValueError(
             f"--ignore-eos cannot be sent to a {profile.title} server (--server-type {name}{how}): it has no "
             "ignore_eos field; drop --ignore-eos, or pass --server-type vllm if the server is a vLLM"

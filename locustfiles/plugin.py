@@ -25,33 +25,38 @@ from pathlib import Path
 import gevent
 import greenlet
 import locust
-import orjson
 from gevent.event import AsyncResult
 from locust.event import EventHook
 from locust.runners import MasterRunner, WorkerRunner
 
 from ..analysis import __version__ as SUITE_VERSION
 from ..analysis import servers
-from ..analysis.finish import Outcome, finish_run
-from ..analysis.records import RECORDS_DIR, RecordWriter, RequestRecord
+from ..analysis.diskio import WriteFailure
+from ..analysis.finish import Outcome, compute_run, finish_run
+from ..analysis.records import RECORDS_DIR, RecordWriter, RequestRecord, serialize
 from ..analysis.run import write_run
+from ..analysis.trace import ideal_prefix_hit_rate
+from ..analysis.trace import summary as trace_summary
+from . import conversation, diskspace, images, request_options, selfcheck, trace_run
 from . import options as opts_mod
-from . import selfcheck
 from .datasets import Dataset, build_dataset, check_dataset
 from .distributed import RECORDS_EVENT, RecordShipper, WorkerLedger, register_worker_stop
 from .preflight import (
     _PREFLIGHT_DATASETS,
+    RunDirError,
     SetupError,
     check_run_dir,
     dataset_key,
     discover_model,
     fetch_server_version,
+    gpu_unanswered,
     preflight,
+    remove_created,
     resolve_server,
     server_profile_entry,
 )
 from .scraper import MetricsScraper
-from .shape import StepTracker
+from .shape import StepLoadShape, StepTracker
 from .webui import LLMTab
 
 logger = logging.getLogger("vllm_loadtest")
@@ -60,6 +65,10 @@ EXIT_OK = 0
 EXIT_ERRORS = 1  # failed requests above --max-error-rate
 EXIT_CRASH = 2  # the tool itself failed (an unhandled exception): never mistaken for a verdict on the server
 EXIT_SETUP_ERROR = 3  # bad input found before any load was sent
+# A file of the run directory could not be written (disk full, quota, file size limit, read-only, I/O error): the
+# run was stopped at once; the records kept are complete, `python -m analysis report` builds the rest once there is
+# room. Not 2: the suite did what it should; not 1: it is no verdict on the server.
+EXIT_WRITE_FAILED = 4
 
 # The suite's own events (see the module docstring).
 SUITE_EVENTS = ("llm_request", RECORDS_EVENT)
@@ -70,6 +79,11 @@ SAVED_OPTIONS = [
     "host",
     "model",
     "endpoint",
+    "batch_size",
+    "encoding_format",
+    "images",
+    "image_reuse",
+    "image_format",
     "prompt",
     "prompt_file",
     "max_tokens",
@@ -79,6 +93,10 @@ SAVED_OPTIONS = [
     "seed",
     "temperature",
     "ignore_eos",
+    "chat_template_kwargs",
+    "tools",
+    "tool_choice",
+    "extra_body",
     "read_timeout",
     "api_key_env",
     "no_continuous_usage",
@@ -87,6 +105,16 @@ SAVED_OPTIONS = [
     "steps",
     "rates",
     "arrival",
+    "burstiness",
+    "turns",
+    "history",
+    "think_time",
+    "trace",
+    "trace_format",
+    "trace_speed",
+    "trace_start",
+    "trace_duration",
+    "trace_block_tokens",
     "max_users",
     "find_capacity",
     "start_users",
@@ -106,6 +134,7 @@ SAVED_OPTIONS = [
     "no_report",
     "metrics_url",
     "scrape_interval",
+    "gpu_metrics_url",
     "num_users",
     "spawn_rate",
     "run_time",
@@ -146,6 +175,9 @@ class RunContext:
         self._models: dict[str, AsyncResult] = {}
         self._datasets: dict[tuple, gevent.Greenlet] = {}
         self.dataset_info: dict | None = None  # how this process built --dataset, for run.json
+        self._replays: dict[tuple, gevent.Greenlet] = {}  # --trace: this process's replay, built once per options
+        self._replay = None  # this run's, once built and ready
+        self.trace_info: dict | None = None  # --trace: the file, slice and rows, for run.json
         self._generated_run_dir: str | None = None
         self.scraper: MetricsScraper | None = None  # this run's, or the last run's once stopped
         self.server_version: str | None = None
@@ -154,8 +186,15 @@ class RunContext:
         self.ledger: WorkerLedger | None = None
         self.selfcheck = selfcheck.register(environment)  # None in a master: it generates no load
         self.outcome: Outcome | None = None  # the last finished run's end (analysis.finish), for the exit code
+        self.write_failure: WriteFailure | None = None  # this run's first failed write of a result file
+        self._run_json_failed = False  # run.json could not be replaced this run (said once)
+        self._stopping = False  # the run is being stopped (test_stopping fired): a failed write stops nothing more
+        self.disk_watch: diskspace.DiskWatch | None = None
+        self._refused = False  # this run's start was refused (its run directory cannot be written): said once
         if isinstance(environment.runner, MasterRunner):
-            self.ledger = WorkerLedger(environment, on_change=self._workers_changed)
+            self.ledger = WorkerLedger(
+                environment, on_change=self._workers_changed, on_write_failure=self._write_failed
+            )
         elif isinstance(environment.runner, WorkerRunner):
             register_worker_stop(environment)
 
@@ -208,12 +247,41 @@ class RunContext:
             self._save_timeline(self.tracker.timeline)
         return dataset
 
+    def trace_replay(self, host: str, model: str, payload):
+        """--trace: this process's replay (the trace, its prompts, its rows' bodies built ahead), built once per
+        options by a greenlet of its own; the first user to get it this run starts building its rows' bodies with
+        `payload` ((prompt, max_tokens) -> the request body) and tells the controller this process is ready."""
+        o = self.environment.parsed_options
+        key = trace_run.replay_key(o, host, model)
+        if key not in self._replays:  # a failed build stays failed: it is a setup error, not retried per user
+            built = trace_run.take_preflight(o, host, model)
+            if built is not None:
+                self._replays[key] = gevent.spawn(lambda: built)
+            else:
+                self._replays[key] = gevent.spawn(trace_run.build_replay, o, host, model, opts_mod.api_key(o))
+        try:
+            replay = self._replays[key].get()
+        except ValueError as e:  # TraceError, DatasetError (the tokenizer)
+            if self._replay is None:
+                self._replay = False
+                self.tracker.report_trace_ready(str(e))
+            self.environment.process_exit_code = EXIT_SETUP_ERROR
+            raise locust.exception.StopTest(str(e)) from None
+        if self._replay is None:
+            self._replay = replay
+            rank, processes = self.tracker.trace_rank
+            replay.prefetch(replay.trace.shard(rank, processes) if rank >= 0 else [], payload)
+            known = (self.trace_info or {}).get("ideal_prefix_hit_rate")  # the controller's (a local run)
+            self.trace_info = trace_run.info(replay.trace, o, getattr(replay.prompts, "info", None), known)
+            self.tracker.report_trace_ready(None, self.trace_info.get("prompts"))
+        return replay
+
+    def trace_replay_built(self):
+        """This run's replay once built (None before, or when its build failed)."""
+        return self._replay or None
+
     # --- lifecycle -------------------------------------------------------------------------------------
     def on_test_start(self, environment, **_kw) -> None:
-        # Locust's Runner.stop() calls inspect.stack(), whose first call scans every loaded module (~40 ms here)
-        # while the event loop is blocked and streams are still in flight. Paying it now, before any request
-        # is sent, keeps the stop from delaying the last requests' timestamps.
-        inspect.stack(0)
         if self.generates_load:
             # Everything alive now (Locust, pandas, pyarrow, plotly: ~half a million objects) leaves the garbage
             # collector's view. A full collection scanned them all: a 105 ms stall of every stream's timestamps,
@@ -221,6 +289,7 @@ class RunContext:
             gc.collect()
             gc.freeze()
         options = environment.parsed_options
+        request_options.forget()  # the --tools file is read again for this run (the web UI runs several)
         if self.is_controller and not options.headless:
             try:
                 check_options(options)  # the web UI's start form may have changed them
@@ -243,17 +312,23 @@ class RunContext:
             # Set on the options, so the workers receive the same directory with their spawn message.
             self.started_at = time.time()
         self.run_dir = Path(options.run_dir)
+        self.write_failure = None
+        self._run_json_failed = False
+        self._stopping = False
+        self._refused = False
+        self.tracker.stop_requested = False
         try:
-            (self.run_dir / RECORDS_DIR).mkdir(parents=True, exist_ok=True)
-        except OSError as e:
+            # Created, and a probe file written and removed in it: on every process (a worker's own copy too).
+            check_run_dir(self.run_dir / RECORDS_DIR)
+            if self.generates_load:
+                self.writer = RecordWriter(self.run_dir / RECORDS_DIR / f"{self.worker_name}.jsonl")
+        except (RunDirError, WriteFailure) as e:
+            why = f"cannot {e.doing} {e.path} ({e.why})" if isinstance(e, RunDirError) else str(e)
             if self.is_controller:
-                raise SetupError(
-                    f"cannot create run directory {self.run_dir}: {e.strerror}; pass a writable --run-dir"
-                ) from None
+                self._refuse_start(f"{why}; pass a writable --run-dir")
+                return
             # A worker on another host may not have the master's path: the master's copy is then the only one.
-            logger.warning("no local copy of this worker's records: cannot create %s (%s)", self.run_dir, e.strerror)
-        if self.generates_load and (self.run_dir / RECORDS_DIR).is_dir():
-            self.writer = RecordWriter(self.run_dir / RECORDS_DIR / f"{self.worker_name}.jsonl")
+            logger.warning("no local copy of this worker's records: %s", why)
         if isinstance(environment.runner, WorkerRunner):
             self.shipper = RecordShipper(environment, self.worker_name, self.run_dir)
         if self.selfcheck is not None:
@@ -262,25 +337,105 @@ class RunContext:
             self.workers = []
             self.ledger.start(self.run_dir)
         self.dataset_info = None  # this run's, once its first user has built (or reused) it
+        self._replay = None  # --trace: built again for this run's ranks (the bodies; the trace is kept)
+        if self.generates_load and getattr(options, "images", ""):
+            try:  # --images: the process's base pool built now, before any request (~170 ms for 512x512 PNG)
+                images.maker(options)
+            except ValueError:
+                pass  # refused before the run by check_options; the web UI's form says it again at the start
+        if self.is_controller and trace_run.active(options):
+            try:
+                trace = trace_run.load(options)
+                blocks = int(options.trace_block_tokens)
+                logger.info("Trace: %s", trace_summary(trace, blocks))
+                self.trace_info = trace_run.info(trace, options, ideal=ideal_prefix_hit_rate(trace, blocks))
+            except ValueError:
+                self.trace_info = None  # checked before the run: the users say it again
         if self.is_controller:
             self.server_version = None
             self._save_timeline(self.tracker.timeline)
             if options.host:
                 gevent.spawn(self._read_server_version, options.host)
             logger.info("Run directory: %s", self.run_dir)
+            described = request_options.describe(options)
+            if described:
+                logger.info(described)
             self._start_scraper(options)
+            self.disk_watch = diskspace.DiskWatch(self.run_dir, diskspace.planned_seconds(options)).start()
+
+    def _refuse_start(self, message: str) -> None:
+        """The run cannot start (its run directory cannot be written): one line, exit code 3, the run stopped."""
+        headless = self.environment.parsed_options.headless
+        logger.error("%s%s", message, "" if headless else " (fix it in the start form)")
+        self.environment.process_exit_code = EXIT_SETUP_ERROR
+        self.run_dir = None  # nothing to finish
+        self._refused = self._stopping = True
+        self._stop_run()
+
+    def _stop_run(self) -> None:
+        """Stop the run now, as the end of its last step does. A run of the stepped shape ends at the shape's next
+        tick, within a second (StepLoadShape.tick returns None, as at a capacity search's end, and Locust stops, or
+        quits when headless, from the shape's own greenlet: a stop from any other greenlet would let Locust's main
+        greenlet, which waits on the shape in a headless or --autostart run, stop the run a second time and finish
+        it twice). Without the shape (a locustfile of one's own) Locust is told from a greenlet of its own, never
+        from the user's greenlet whose write failed: the stop kills the users' greenlets."""
+        environment = self.environment
+        runner = environment.runner
+        shape = getattr(runner, "shape_greenlet", None)
+        if isinstance(environment.shape_class, StepLoadShape) and shape is not None and not shape.dead:
+            self.tracker.stop_requested = True
+            return
+        gevent.spawn(runner.quit if environment.parsed_options.headless else runner.stop)
+
+    def _write_failed(self, failure: WriteFailure) -> None:
+        """A result file of this run cannot be written (its records, or the copies workers ship to the master): said
+        once, the exit code set, and the run stopped (_stop_run: within a second, at the shape's next tick). The
+        records finishing meanwhile are counted as not saved (RecordWriter.dropped), never written after the gap."""
+        if self.write_failure is not None:
+            return
+        self.write_failure = failure
+        torn = " (its last, partial line could not be removed: every reader skips it)" if failure.torn else ""
+        stopping = "the run is stopping" if self._stopping else "stopping the run"
+        logger.error("%s%s: %s; %s", failure, torn, stopping, failure.fix)
+        self.environment.process_exit_code = EXIT_WRITE_FAILED
+        if not self._stopping:
+            self._stopping = True
+            self._stop_run()
+
+    def _local_copy_failed(self, failure: WriteFailure) -> None:
+        """A worker's own copy of its records cannot be written: said once; its records still ship to the master,
+        whose copy is the run's (a worker that cannot write its run directory at all only ships, the same)."""
+        logger.warning(
+            "%s: this worker's own copy of its records stops here; they still reach the master (%s)",
+            failure,
+            failure.fix,
+        )
 
     def on_test_stopping(self, environment, **_kw) -> None:
+        self._stopping = True
         if self.generates_load:
             self.tracker.plan.finish()  # the schedule ends with the run, not when the stopped users have finished
 
     def on_test_stop(self, environment, **_kw) -> None:
         if self.generates_load:
             self.tracker.plan.close()  # logs the scheduled requests that were due and never sent
+            if self._replay:
+                self._replay.stop()
         if self.writer is not None:
-            self.writer.close()
-            logger.info("%d request record(s) in %s", self.writer.count, self.writer.path)
+            try:
+                self.writer.close()
+            except WriteFailure as failure:  # the flush to the disk failed (an I/O error, a network disk)
+                if self.shipper is None:
+                    self._write_failed(failure)
+                else:
+                    self._local_copy_failed(failure)
+            dropped = self.writer.dropped
+            lost = f"; {dropped} finished after the failed write and were not saved" if dropped else ""
+            logger.info("%d request record(s) in %s%s", self.writer.count, self.writer.path, lost)
             self.writer = None
+        if self.disk_watch is not None:
+            self.disk_watch.stop()
+            self.disk_watch = None
         if self.selfcheck is not None:
             self.selfcheck.stop()  # before the shipper's final message: the master merges once that has arrived
         if self.shipper is not None:
@@ -295,13 +450,40 @@ class RunContext:
             self.tracker.end()
             self._save_timeline(self.tracker.timeline, finished=True)
             # Every table and verdict, the files and the console text (analysis.finish).
-            self.outcome = finish_run(
-                self.run_dir,
-                report=not getattr(environment.parsed_options, "no_report", False),
-                echo=lambda text: print(text, flush=True),
-            )
+            echoed: list[str] = []
+
+            def echo(text: str) -> None:
+                echoed.append(text)
+                print(text, flush=True)
+
+            try:
+                self.outcome = finish_run(
+                    self.run_dir, report=not getattr(environment.parsed_options, "no_report", False), echo=echo
+                )
+            except WriteFailure as failure:
+                self._results_failed(failure, printed=bool(echoed))
             self.tracker.reset()
             self.run_dir = None  # finish once per run, even if Locust fires test_stop twice
+
+    def _results_failed(self, failure: WriteFailure, printed: bool) -> None:
+        """The end-of-run files could not be written (the disk is full): one line, and the console's results
+        computed without writing, when none were printed yet; the raw files are kept, complete, for `python -m
+        analysis report` once there is room."""
+        line = (
+            f"{failure}: the results from it on were not written; once there is room, `python -m analysis report "
+            f"{self.run_dir}` builds them from the records kept"
+        )
+        if self.write_failure is None:  # the first failure of this run: the exit code is that of a failed write
+            self.write_failure = failure
+            self.environment.process_exit_code = EXIT_WRITE_FAILED
+            logger.error("%s (%s)", line, failure.fix)
+        else:
+            logger.warning(line)
+        if not printed:
+            try:
+                self.outcome = compute_run(self.run_dir, echo=lambda text: print(text, flush=True))
+            except OSError as e:  # the raw files cannot even be read back (an I/O error)
+                logger.warning("the results cannot be computed either (%s: %s)", type(e).__name__, e)
 
     def _intended_users(self) -> int | None:
         """The current step's target users (all processes together), for the self-check rows."""
@@ -314,10 +496,10 @@ class RunContext:
 
     def on_quitting(self, environment, **_kw) -> None:
         """The process exit code: 0 ok, 1 errors over --max-error-rate or a broken --slo (headless), 2 the tool
-        crashed, 3 bad input; with --find-capacity, 0 when a capacity was found, 1 when even the first probe broke
-        an objective."""
+        crashed, 3 bad input, 4 a result file could not be written (set where the write failed); with
+        --find-capacity, 0 when a capacity was found, 1 when even the first probe broke an objective."""
         if environment.process_exit_code is not None or not self.is_controller:
-            return  # already decided (bad input), or a worker: the master's code is the run's
+            return  # already decided (bad input, a failed write), or a worker: the master's code is the run's
         if locust.log.unhandled_greenlet_exception or environment.runner.exceptions:
             # An exception escaped the suite's own code (Locust logs it with its traceback): a bug, not a verdict.
             environment.process_exit_code = EXIT_CRASH
@@ -337,12 +519,21 @@ class RunContext:
         self.scraper = None  # the last run's, if any: its numbers are not this run's
         url = options.metrics_url or (f"{(options.host or '').rstrip('/')}/metrics" if options.host else "")
         if not url or url == "off" or not servers.of_options(options).metrics:
-            return  # --server-type openai: no /metrics, and no series the suite could name
+            url = ""  # --server-type openai: no /metrics, and no series the suite could name
+        gpu_urls = opts_mod.gpu_metrics_urls(options)  # checked before the run: valid here
+        if not url and not gpu_urls:
+            return
         # With --model the scraper keeps only that model's samples; otherwise the analysis filters by the model
         # the records name (a server serving several models labels each sample with its model_name).
         server = servers.of_options(options).name
         self.scraper = MetricsScraper(
-            url, options.scrape_interval, self.run_dir, model=options.model or None, server=server
+            url,
+            options.scrape_interval,
+            self.run_dir,
+            model=options.model or None,
+            server=server,
+            gpu_urls=gpu_urls,
+            warned=gpu_unanswered(),  # the preflight said so already: one warning per exporter
         ).start()
 
     def _read_server_version(self, host: str) -> None:
@@ -352,12 +543,18 @@ class RunContext:
 
     def on_record(self, record: RequestRecord, **_kw) -> None:
         if self.writer is None and self.shipper is None:
-            logger.error("request %s finished outside a run; its record is not saved", record.request_id)
+            if not self._refused:  # a refused start said why already
+                logger.error("request %s finished outside a run; its record is not saved", record.request_id)
             return
+        line = serialize(record)
         if self.writer is not None:
-            line = self.writer.write(record)
-        else:
-            line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+            try:
+                self.writer.write_line(line)
+            except WriteFailure as failure:  # the file is truncated back to its last complete record
+                if self.shipper is None:
+                    self._write_failed(failure)
+                else:
+                    self._local_copy_failed(failure)
         if self.shipper is not None:
             self.shipper.add(line)
 
@@ -378,22 +575,51 @@ class RunContext:
             "server_version": self.server_version,
             "options": {k: getattr(options, k, None) for k in SAVED_OPTIONS},
             "server_profile": server_profile_entry(options),  # the server type used and how it was decided
+            "request_options": request_options.run_entry(options),  # what every request carried (None: nothing)
             # How this process built --dataset (tokenizer or estimates, items, notes); a master builds none.
             "dataset": self.dataset_info or {"spec": getattr(options, "dataset", "fixed")},
+            "trace": self.trace_info,  # --trace: the file, its format, the slice, speed and rows replayed
             "timeline": timeline,
             "workers": self.workers,
         }
-        write_run(self.run_dir, data)
+        try:
+            write_run(self.run_dir, data)
+        except WriteFailure as e:  # the previous run.json stays whole; tried again at the next change
+            if not self._run_json_failed:
+                self._run_json_failed = True
+                logger.warning("%s: it keeps its previous version (%s)", e, e.fix)
 
 
 def check_options(options) -> None:
     """Every check of the suite's options that needs no server; raises ValueError with a one-line message."""
+    trace_run.check(options)  # first: --trace with --rates or --find-capacity is named as such
     opts_mod.check(options)
+    request_options.check(options)  # --chat-template-kwargs, --tools, --tool-choice, --extra-body
     check_dataset(options)
+    conversation.check(options)  # --turns, --history, --think-time (with --dataset and --trace)
+
+
+class _NoStopCallerLookup:
+    """`inspect` as locust.runners sees it, without `stack()`.
+
+    Runner.stop() looks up its caller for a debug line with inspect.stack(), which resolves every frame's source
+    (inspect.getmodule: a realpath per module imported since the last lookup): measured with gevent's blocking
+    monitor, 30-40 ms with the event loop blocked right when the stop begins, while the last requests are still
+    being read. Their first tokens then arrived together with later ones, and their TTFT came out 30-40 ms long
+    (tests/benchmarks/bench_last_records.py). Raising here sends Locust to its own fallback ("couldn't determine
+    where stop() was called from"), at debug level; nothing else in locust.runners uses inspect."""
+
+    def __getattr__(self, name: str):
+        return getattr(inspect, name)
+
+    @staticmethod
+    def stack(context: int = 1):
+        raise RuntimeError("the caller lookup is skipped: it blocks the event loop while streams are read")
 
 
 def register(environment) -> RunContext:
     """Attach the suite to an environment (call from an `init` listener)."""
+    locust.runners.inspect = _NoStopCallerLookup()
     events = environment.events
     for name in SUITE_EVENTS:
         if not hasattr(events, name):
@@ -440,10 +666,11 @@ def apply_users_shortcut(options) -> str | None:
     step of 16 users for 60 s (Locust itself ignores -u and -t when a locustfile has a shape)."""
     if not options.headless or options.num_users is None or options.steps != opts_mod.DEFAULT_STEPS:
         return None
-    if getattr(options, "rates", ""):
+    if getattr(options, "rates", "") or trace_run.active(options):
         # Said, not silently ignored (Locust ignores -u with a shape): an open-loop run's users are its pool.
         users = options.num_users
-        return f"-u {users} is ignored with --rates: each rate step runs {options.max_users} users (--max-users)"
+        flag = "--rates: each rate step" if getattr(options, "rates", "") else "--trace: the replay"
+        return f"-u {users} is ignored with {flag} runs {options.max_users} users (--max-users)"
     options.steps = str(options.num_users)
     if options.run_time and options.step_duration == opts_mod.DEFAULT_STEP_DURATION:
         options.step_duration = f"{options.run_time}s"
@@ -465,13 +692,21 @@ def _on_init(environment, **_kw) -> None:
         if message:
             logger.info(message)
     if options is not None and environment.runner is not None and not isinstance(environment.runner, WorkerRunner):
+        created: list[Path] = []
         try:
             check_options(options)
             if options.headless:
-                check_run_dir(Path(options.run_dir or "reports"))
+                # Created and written before any load (a probe file); the default's timestamped folder is made
+                # under reports/ at the start, on the same disk.
+                run_dir = Path(options.run_dir or "reports")
+                created = check_run_dir(run_dir)
+                warning = diskspace.before_run(options, run_dir)
+                if warning:
+                    logger.warning(warning)
             if options.headless and options.host:
                 preflight(options)
         except (ValueError, SetupError) as e:
+            remove_created(created)  # a run that does not start leaves no empty run directory behind
             if options.headless:
                 sys.stderr.write(f"error: {e}\n")
                 sys.exit(EXIT_SETUP_ERROR)

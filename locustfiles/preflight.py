@@ -15,7 +15,10 @@ from geventhttpclient import HTTPClient
 from geventhttpclient.url import URL
 
 from ..analysis import servers
+from ..analysis.diskio import remove_quietly
+from ..analysis.embedding_response import parse_embeddings
 from . import options as opts_mod
+from . import request_options, trace_run
 from .datasets import Dataset, build_dataset
 
 logger = logging.getLogger("vllm_loadtest")
@@ -23,6 +26,14 @@ logger = logging.getLogger("vllm_loadtest")
 
 class SetupError(Exception):
     """Bad input or an unusable server, found before load is sent."""
+
+
+class RunDirError(SetupError):
+    """The run directory cannot be created or written: what was tried (`doing`: create, write in) and why."""
+
+    def __init__(self, path: Path, doing: str, why: str) -> None:
+        super().__init__(f"cannot {doing} run directory {path} ({why}); pass a writable --run-dir")
+        self.path, self.doing, self.why = Path(path), doing, why
 
 
 def list_models(host: str, timeout: float, api_key: str | None = None) -> list[str] | None:
@@ -66,15 +77,44 @@ def discover_model(host: str, timeout: float, api_key: str | None = None) -> str
     return models[0]
 
 
-def check_run_dir(path: Path) -> None:
-    """The run directory can be created: its nearest existing ancestor is a writable directory."""
-    ancestor = Path(path).absolute()
+PROBE_PREFIX = ".write-probe-"  # the probe file check_run_dir writes and removes (no reader globs it)
+
+
+def check_run_dir(path: Path) -> list[Path]:
+    """The run directory can be made and written: it is created (with its missing parents), and a probe file is
+    written into it and removed, the only reliable test (asking whether the nearest existing parent is writable
+    said yes for /proc/nope/run, whose mkdir then failed at the start of the load). Returns the folders it created,
+    outermost first (remove_created removes them when the run does not start); raises RunDirError (a SetupError)
+    with a one-line fix."""
+    path = Path(path)
+    missing, ancestor = [], path.absolute()
     while not ancestor.exists() and ancestor != ancestor.parent:
+        missing.append(ancestor)
         ancestor = ancestor.parent
-    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-        raise SetupError(
-            f"cannot create run directory {path}: {ancestor} is not a writable directory; pass a writable --run-dir"
-        )
+    created = list(reversed(missing))
+    doing, probe = "create", path / f"{PROBE_PREFIX}{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        doing = "write in"
+        with open(probe, "wb", buffering=0) as f:
+            f.write(b"probe\n")
+        probe.unlink()
+    except OSError as e:
+        remove_quietly(probe)
+        remove_created(created)
+        where = f"{e.filename}: " if e.filename and Path(e.filename) != path else ""
+        raise RunDirError(path, doing, f"{where}{e.strerror or e}") from None
+    return created
+
+
+def remove_created(folders: list[Path]) -> None:
+    """Remove the folders check_run_dir created, innermost first, where they are still empty (a run that never
+    started leaves none behind)."""
+    for folder in reversed(folders):
+        try:
+            folder.rmdir()
+        except OSError:
+            return  # not empty (or gone): it and its parents stay
 
 
 # Datasets built by preflight(), by dataset_key(): the process's users take them instead of building them again.
@@ -87,6 +127,8 @@ def dataset_key(options, host: str, model: str) -> tuple:
     return (
         host, model, o.dataset, o.endpoint, o.seed, o.num_prompts, o.prompt, getattr(o, "prompt_file", ""),
         getattr(o, "server_profile", ""),  # the tokenizer endpoint is the profile's
+        getattr(o, "turns", "1"),  # conversations: sharegpt builds whole conversations, synthetic frames turn 1
+        request_options.tokenize_key(o),  # chat prompts are counted with the tools and template arguments
     )  # fmt: skip
 
 
@@ -105,8 +147,72 @@ def preflight(options) -> None:
         raise SetupError(f"{options.host}/v1/models lists no model; pass --model explicitly")
     model = options.model or models[0]
     resolve_server(options)  # before the dataset: the tokenizer endpoint is the profile's
+    if getattr(options, "endpoint", "") == "embeddings":
+        check_embeddings(options, model)
+    check_gpu_endpoints(options)
     key = dataset_key(options, options.host, model)
     _PREFLIGHT_DATASETS[key] = build_dataset(options.dataset, options, options.host, model, opts_mod.api_key(options))
+    if trace_run.active(options):
+        # The trace reads and its prompts can be built (a master sends none: it only reads the trace).
+        try:
+            trace_run.preflight(options, options.host, model, opts_mod.api_key(options), load_only=options.master)
+        except ValueError as e:
+            raise SetupError(str(e)) from None
+
+
+def check_embeddings(options, model: str) -> None:
+    """--endpoint embeddings: one request of one short input must answer 200 with one embedding. A server whose model
+    does not embed has no such endpoint (vLLM 0.32 adds the route only for a model with the embed task: 404 for a
+    generation model); without this check every request of the run would fail the same way."""
+    host = options.host.rstrip("/")
+    base = URL(options.host)
+    headers = {"Content-Type": "application/json", "Accept": "application/json", "Accept-Encoding": "identity"}
+    key = opts_mod.api_key(options)
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    payload: dict = {"model": model, "input": ["hello"], "encoding_format": options.encoding_format}
+    extra = request_options.fields(options).extra_body
+    if extra:  # the run's own fields (dimensions, ...): a server refusing them refuses every request
+        request_options.merge(payload, extra)
+    timeout = min(60.0, float(options.read_timeout))
+    try:
+        client = HTTPClient.from_url(base, connection_timeout=min(10.0, timeout), network_timeout=timeout)
+        try:
+            response = client.post(base.path.rstrip("/") + "/v1/embeddings", body=json.dumps(payload), headers=headers)
+            body = response.read()
+        finally:
+            client.close()
+    except Exception as e:  # any failure here is reported as one line
+        raise SetupError(
+            f"--endpoint embeddings: {host}/v1/embeddings did not answer ({type(e).__name__}: {e}); check --host"
+        ) from None
+    if response.status_code != 200:
+        raise SetupError(
+            f"--endpoint embeddings: {host}/v1/embeddings answered HTTP {response.status_code} for model {model!r} "
+            f"({_error_message(body)}); serve an embedding model (vLLM: vllm serve MODEL --runner pooling) or use "
+            "--endpoint completions or chat"
+        )
+    answer = parse_embeddings(body, 1, options.encoding_format)
+    if answer.error is not None:
+        raise SetupError(
+            f"--endpoint embeddings: {host}/v1/embeddings answered a body that is not an embeddings list "
+            f"({answer.error}); point --host at an OpenAI-compatible embeddings server"
+        )
+
+
+def _error_message(body: bytes) -> str:
+    """The server's message from an error body (OpenAI's error.message, FastAPI's detail), else its start."""
+    text = body.decode("utf-8", errors="replace")
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return " ".join(text.split())[:200] or "an empty body"
+    if isinstance(obj, dict):
+        err = obj.get("error", obj)
+        message = err.get("message") or err.get("detail") if isinstance(err, dict) else err
+        if message:
+            return " ".join(str(message).split())[:200]
+    return " ".join(text.split())[:200]
 
 
 def _get(url: str, timeout: float, accept: str = "application/json") -> tuple[int, bytes]:
@@ -153,6 +259,53 @@ def fetch_metric_names(url: str, timeout: float = 5.0) -> set[str] | None:
         return None
 
 
+# The GPU exporters the preflight found silent (or serving no DCGM_ series), already warned about: the scraper does
+# not warn about them again (one warning per exporter and run).
+_GPU_UNANSWERED: set[str] = set()
+
+
+def gpu_unanswered() -> frozenset[str]:
+    """The --gpu-metrics-url endpoints the preflight has warned about."""
+    return frozenset(_GPU_UNANSWERED)
+
+
+def check_gpu_endpoints(options, timeout: float | None = None) -> None:
+    """Each --gpu-metrics-url answers with DCGM_ series; one warning per exporter that does not, and the run goes on
+    (GPU telemetry is optional: its columns stay empty while it is missing). Asked at once, a scrape's timeout."""
+    urls = opts_mod.gpu_metrics_urls(options)
+    if not urls:
+        return
+    if timeout is None:
+        timeout = max(1.0, min(5.0, float(getattr(options, "scrape_interval", 1.0) or 1.0) * 2))
+    asked = {url: gevent.spawn(_gpu_answer, url, timeout) for url in urls}
+    _GPU_UNANSWERED.clear()
+    for url, job in asked.items():
+        problem = job.get()
+        if problem is not None:
+            _GPU_UNANSWERED.add(url)
+            logger.warning("%s; the run goes on, without its GPU samples (check --gpu-metrics-url)", problem)
+
+
+def _gpu_answer(url: str, timeout: float) -> str | None:
+    """None when url serves DCGM_ series, else what is wrong, as a sentence."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        status, body = _get(url, timeout, accept="text/plain")
+    except Exception as e:  # no answer: said, and the run goes on
+        return f"the GPU metrics at {url} do not answer ({type(e).__name__}: {e})"
+    if status != 200:
+        return f"the GPU metrics at {url} answer HTTP {status}"
+    try:
+        text = body.decode("utf-8", errors="replace")
+        names = {s.name for family in text_string_to_metric_families(text) for s in family.samples}
+    except Exception:  # not Prometheus text
+        names = set()
+    if not any(name.startswith("DCGM_") for name in names):
+        return f"{url} serves no DCGM_ series (is it a dcgm-exporter?)"
+    return None
+
+
 def detect_server(options, timeout: float | None = None) -> tuple[servers.ServerProfile, str]:
     """The network part of --server-type auto: the names at /metrics and the answer of /version (asked at once),
     judged by the pure servers.detect(). Timeout: a scrape's (1-5 s), since it delays the start of the run."""
@@ -166,9 +319,13 @@ def detect_server(options, timeout: float | None = None) -> tuple[servers.Server
 
 def resolve_server(options) -> servers.ServerProfile:
     """The run's server profile: --server-type, or detected (auto); set on the options (so workers receive it with
-    their spawn message) and stated in one log line. Raises SetupError when --ignore-eos cannot be sent to it."""
+    their spawn message) and stated in one log line. Raises SetupError when --ignore-eos or --chat-template-kwargs
+    cannot be sent to it."""
     given = getattr(options, "server_type", "auto") or "auto"
-    key = [given, options.host or "", metrics_url(options), bool(getattr(options, "ignore_eos", False))]
+    key = [
+        given, options.host or "", metrics_url(options), bool(getattr(options, "ignore_eos", False)),
+        bool(str(getattr(options, "chat_template_kwargs", "") or "").strip()),  # refused for some profiles
+    ]  # fmt: skip
     if getattr(options, "server_profile", "") and getattr(options, "server_profile_key", None) == key:
         return servers.get(options.server_profile)  # decided already for these options (preflight, then start)
     if given == "auto":

@@ -1,11 +1,15 @@
-"""Polls the server's Prometheus `/metrics` during a run (master or local runner only) into metrics.jsonl.
+"""Polls the server's Prometheus `/metrics` and each GPU exporter (`--gpu-metrics-url`, NVIDIA's dcgm-exporter)
+during a run (master or local runner only) into metrics.jsonl.
 
 The polling and parsing run in a child process (`python -m vllm_loadtest.locustfiles.scraper`), not in the load
 generator's event loop: parsing vLLM 0.32's 53 KB of metrics text with prometheus_client takes ~14 ms, and in a
 local run that stalled every stream's timestamps for that long once a second (a 1 % tail: exactly a p99). The parent
 only reads one status line per scrape from the child's stdout.
 
-A failed scrape is a gap (an `up = 0` sample with its error), warned about once, and never stops the run.
+A failed scrape is a gap (an `up = 0` sample with its error), warned about once per endpoint, and never stops the
+run. Each endpoint is polled by its own thread of the child, on its own schedule: a GPU exporter that hangs for its
+timeout does not delay the server's scrapes (the counters' baselines), nor the other way round. A GPU exporter's
+lines carry its URL as `source`; the server's carry none (old runs read the same).
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 import orjson
 
-from ..analysis.prometheus_text import SCRAPES_FILE, parse_samples, scrape_line
+from ..analysis.diskio import LineFile, WriteFailure
+from ..analysis.prometheus_text import SCRAPES_FILE, parse_gpu_samples, parse_samples, scrape_line
 
 logger = logging.getLogger("vllm_loadtest.scraper")
 
@@ -33,9 +39,17 @@ class MetricsScraper:
     """The parent's handle on the scraping child process: start, counts, the latest samples, stop."""
 
     def __init__(
-        self, url: str, interval_s: float, run_dir: Path, model: str | None = None, server: str = "vllm"
+        self,
+        url: str,
+        interval_s: float,
+        run_dir: Path,
+        model: str | None = None,
+        server: str = "vllm",
+        gpu_urls: list[str] | tuple[str, ...] = (),
+        warned: set[str] | frozenset[str] = frozenset(),
     ) -> None:
-        self.url = url
+        self.url = url  # the server's /metrics; "" when only GPU exporters are scraped
+        self.gpu_urls = list(gpu_urls)
         self.model = model
         self.server = server  # the profile name: the child process maps the server's names with it
         self.interval_s = interval_s
@@ -48,6 +62,10 @@ class MetricsScraper:
         self.scrapes = 0
         self.gaps = 0
         self.last_samples: list[tuple[str, dict, float]] | None = None  # the latest successful scrape (live view)
+        # Per GPU exporter: its scrapes and gaps; an endpoint the preflight already warned about is not warned again.
+        self.gpu_scrapes = dict.fromkeys(self.gpu_urls, 0)
+        self.gpu_gaps = dict.fromkeys(self.gpu_urls, 0)
+        self._gpu_warned = set(warned)
 
     def start(self) -> MetricsScraper:
         import gevent
@@ -55,9 +73,13 @@ class MetricsScraper:
         from gevent import subprocess
 
         args = [
-            sys.executable, "-m", __name__, "--url", self.url, "--interval", str(self.interval_s),
+            sys.executable, "-m", __name__, "--interval", str(self.interval_s),
             "--timeout", str(self.timeout_s), "--out", str(self.path.resolve()),
         ]  # fmt: skip
+        if self.url:
+            args += ["--url", self.url]
+        for gpu_url in self.gpu_urls:
+            args += ["--gpu-url", gpu_url]
         if self.model:
             args += ["--model", self.model]
         args += ["--server", self.server]
@@ -65,14 +87,21 @@ class MetricsScraper:
         self._first = gevent.event.Event()
         self._proc = subprocess.Popen(args, cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self._reader = gevent.spawn(self._read_status)
-        # The first scrape before any user starts: it is the baseline of every counter (integrity check).
-        if not self._first.wait(FIRST_SCRAPE_WAIT_S):
+        # The first scrape before any user starts: it is the baseline of every counter (integrity check). GPU
+        # exporters serve gauges only: nothing to wait for.
+        if self.url and not self._first.wait(FIRST_SCRAPE_WAIT_S):
             logger.warning("the metrics scraper has not reported its first scrape after %.0f s", FIRST_SCRAPE_WAIT_S)
         return self
 
     def _read_status(self) -> None:
         for line in self._proc.stdout:
             status = orjson.loads(line)
+            if status.get("write_error") is not None:  # metrics.jsonl cannot be written: said once, here
+                logger.warning("%s: the scrapes go on unrecorded (%s)", status["write_error"], status["fix"])
+                continue
+            if status.get("source") is not None:
+                self._gpu_status(status)
+                continue
             self.scrapes += 1
             if status.get("error") is None:
                 self.last_samples = [tuple(s) for s in status["samples"]]
@@ -88,6 +117,30 @@ class MetricsScraper:
                     )
             self._first.set()
         self._first.set()
+
+    def _gpu_status(self, status: dict) -> None:
+        """A GPU exporter's scrape: counted; its first failure warned about, once for the whole run."""
+        source = status["source"]
+        self.gpu_scrapes[source] = self.gpu_scrapes.get(source, 0) + 1
+        error = status.get("error")
+        if error is None and status.get("samples", 0) > 0:
+            return
+        if error is not None:
+            self.gpu_gaps[source] = self.gpu_gaps.get(source, 0) + 1
+        if source in self._gpu_warned:
+            return
+        self._gpu_warned.add(source)
+        if error is not None:
+            logger.warning(
+                "cannot scrape the GPU metrics at %s (%s); recording gaps, the run goes on (check --gpu-metrics-url)",
+                source,
+                error,
+            )
+        else:
+            logger.warning(
+                "%s serves no DCGM_ series; its GPU columns stay empty (point --gpu-metrics-url at a dcgm-exporter)",
+                source,
+            )
 
     def stop(self) -> None:
         """Stop polling after one last scrape, so the counters cover the whole run."""
@@ -127,9 +180,34 @@ def scrape_once(url: str, timeout_s: float, model: str | None, server: str = "vl
         return scrape_line(t, None, f"{type(e).__name__}: {e}")
 
 
+def scrape_gpu_once(url: str, timeout_s: float) -> bytes:
+    """One scrape of a GPU exporter as a metrics.jsonl line: its DCGM_ samples as DCGM names them, with every label
+    (never renamed by the server's profile), or a gap with its error; `source` is the URL."""
+    t = time.time()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            t = time.time()  # stamped when the answer arrived, as the server's
+            body = response.read()
+        return scrape_line(t, parse_gpu_samples(body.decode("utf-8", errors="replace")), source=url)
+    except urllib.error.HTTPError as e:
+        return scrape_line(t, None, f"HTTP {e.code}", source=url)
+    except Exception as e:  # any failure is a gap: the load test goes on
+        return scrape_line(t, None, f"{type(e).__name__}: {e}", source=url)
+
+
+def gpu_status(line: bytes) -> bytes:
+    """What the parent reads of a GPU scrape: its source, error and sample count (not the samples: the parent shares
+    its event loop with the users in a local run, and a DCGM scrape of 8 GPUs is ~60 KB)."""
+    scrape = orjson.loads(line)
+    n = len(scrape["samples"]) if scrape.get("samples") is not None else 0
+    status = {"source": scrape["source"], "t": scrape["t"], "error": scrape.get("error"), "samples": n}
+    return orjson.dumps(status, option=orjson.OPT_APPEND_NEWLINE)
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description="scrape a Prometheus endpoint until stdin closes (run by the plugin)")
-    ap.add_argument("--url", required=True)
+    ap = argparse.ArgumentParser(description="scrape Prometheus endpoints until stdin closes (run by the plugin)")
+    ap.add_argument("--url", help="the server's /metrics (its samples renamed by --server's profile)")
+    ap.add_argument("--gpu-url", action="append", default=[], help="a GPU exporter (dcgm-exporter); repeatable")
     ap.add_argument("--interval", type=float, required=True)
     ap.add_argument("--timeout", type=float, required=True)
     ap.add_argument("--out", type=Path, required=True)
@@ -146,26 +224,62 @@ def main() -> None:
         stop.set()
 
     threading.Thread(target=wait_for_eof, daemon=True).start()
-    with open(a.out, "ab", buffering=0) as out:
+    lock = threading.Lock()  # one line at a time, in the file and on stdout
 
-        def record() -> None:
-            line = scrape_once(a.url, a.timeout, a.model, a.server)
-            out.write(line)
-            try:
-                sys.stdout.buffer.write(line)
-                sys.stdout.buffer.flush()
-            except BrokenPipeError:  # the parent is gone: its file still gets this last scrape
-                pass
+    def tell(status: bytes) -> None:
+        try:
+            sys.stdout.buffer.write(status)
+            sys.stdout.buffer.flush()
+        except BrokenPipeError:  # the parent is gone: its file still gets this last scrape
+            pass
 
+    try:
+        out: LineFile | None = LineFile(a.out, unit="scrapes")
+    except WriteFailure as e:  # the parent says it, once; the scrapes still feed its live view
+        out = None
+        tell(write_error_status(e))
+    # Each scrape is one complete line or none (a full disk truncates it away); the first failed write is told
+    # to the parent, which says it once: the scrapes go on for its live view, unrecorded.
+
+    def emit(line: bytes, status: bytes) -> None:
+        with lock:
+            if out is not None:
+                try:
+                    out.write(line)
+                except WriteFailure as e:
+                    tell(write_error_status(e))
+            tell(status)
+
+    def poll(scrape, status) -> None:
         next_at = time.monotonic()
         while True:
-            record()
+            line = scrape()
+            emit(line, status(line))
             if stop.is_set():
                 return
             next_at += a.interval
             if stop.wait(max(0.0, next_at - time.monotonic())):
-                record()  # the last scrape: the counters cover the whole run
+                line = scrape()  # the last scrape: the counters cover the whole run
+                emit(line, status(line))
                 return
+
+    pollers = []
+    if a.url:  # the parent reads the server's whole line: its live view shows the latest samples
+        pollers.append((partial(scrape_once, a.url, a.timeout, a.model, a.server), bytes))
+    for gpu_url in dict.fromkeys(a.gpu_url):  # each exporter once, even when given twice
+        pollers.append((partial(scrape_gpu_once, gpu_url, a.timeout), gpu_status))
+    threads = [threading.Thread(target=poll, args=p, daemon=True) for p in pollers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if out is not None:
+        out.close(sync=False)
+
+
+def write_error_status(failure: WriteFailure) -> bytes:
+    """The status line telling the parent that metrics.jsonl cannot be written."""
+    return orjson.dumps({"write_error": str(failure), "fix": failure.fix}, option=orjson.OPT_APPEND_NEWLINE)
 
 
 if __name__ == "__main__":

@@ -22,10 +22,12 @@ from pathlib import Path
 import gevent
 from locust.runners import MasterRunner, WorkerRunner
 
+from ..analysis.diskio import LineFile, WriteFailure
 from ..analysis.generator import GENERATOR_DIR, PROBE_INTERVAL_S, ROW_INTERVAL_S, sample_line
 from .distributed import GENERATOR_MESSAGE
 
 logger = logging.getLogger("vllm_loadtest.selfcheck")
+
 
 class SelfCheck:
     """The probe greenlet of one load-generating process, and the rows it writes and ships."""
@@ -47,13 +49,12 @@ class SelfCheck:
         self.ship_failures = 0
         self._ship = isinstance(self.environment.runner, WorkerRunner)
         try:
-            folder = self.run_dir / GENERATOR_DIR
-            folder.mkdir(parents=True, exist_ok=True)
-            # Unbuffered: each row is one write() to the OS, so a crash or a kill keeps every row written so far.
-            self._file = open(folder / f"{worker}.jsonl", "ab", buffering=0)
-        except OSError as e:
+            # Unbuffered: each row is one write() to the OS, so a crash or a kill keeps every row written so far;
+            # a row whose write fails is truncated away and said once (analysis/diskio.py).
+            self._file = LineFile(self.run_dir / GENERATOR_DIR / f"{worker}.jsonl", unit="samples")
+        except WriteFailure as e:
             # A worker on another host may not have the master's path: the master's copy is then the only one.
-            logger.warning("no local copy of the self-check samples: cannot create %s (%s)", folder, e.strerror)
+            logger.warning("no local copy of the self-check samples: %s", e)
             self._file = None
         self._lags = []
         self._last_wall = time.perf_counter()
@@ -93,7 +94,10 @@ class SelfCheck:
         self._last_wall, self._last_cpu = now, cpu
         self.rows += 1
         if self._file is not None:
-            self._file.write(line)
+            try:
+                self._file.write(line)
+            except WriteFailure as e:  # the disk is full: the records' writer stops the run; this is said once
+                logger.warning("%s: the self-check samples stop here (%s)", e, e.fix)
         if self._ship:
             try:
                 self.environment.runner.send_message(
@@ -117,7 +121,7 @@ class SelfCheck:
             # (A last row of a few microseconds would only add a meaningless CPU fraction.)
             self._row(now)
         if self._file is not None:
-            self._file.close()
+            self._file.close(sync=False)
             self._file = None
         if self.ship_failures:
             logger.warning(

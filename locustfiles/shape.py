@@ -20,6 +20,7 @@ from locust.runners import MasterRunner, WorkerRunner
 from ..analysis import adaptive, capacity
 from ..analysis.schedule import parse_rates
 from ..analysis.slo import parse_slo
+from . import trace_run
 from .distributed import SHIP_INTERVAL_S
 from .openloop import OpenLoopPlan
 from .options import parse_duration, parse_step_duration, parse_steps
@@ -27,6 +28,19 @@ from .options import parse_duration, parse_step_duration, parse_steps
 STEP_MESSAGE = "vllm_loadtest_step"
 
 logger = logging.getLogger("vllm_loadtest")
+
+
+@dataclass
+class TraceState:
+    """A trace replay as the controller runs it (--trace, locustfiles/trace_run.py)."""
+
+    ranks: dict[str, int] = field(default_factory=dict)  # a master's workers: client id -> rank
+    ready: dict[str, str | None] = field(default_factory=dict)  # who is ready (an error, or None)
+    done: set[str] = field(default_factory=set)  # who has had all of its rows answered
+    windows: list[tuple[float, float, int]] = field(default_factory=list)  # (start, end, rows) of replay time
+    start_wall: float | None = None  # time.time() when the replay began: intended = start_wall + offset
+    window_s: float = 0.0  # --step-duration: the windows' length
+    window: int = -1  # the timeline's last window
 
 
 @dataclass
@@ -51,13 +65,159 @@ class StepTracker:
         # window up to that much before now, so a last batch still on its way does not read as a slump.
         self.adaptive = adaptive.StepAccumulator(lag_s=2 * SHIP_INTERVAL_S if isinstance(runner, MasterRunner) else 0)
         self.capacity = capacity.ProbeRecords()  # --find-capacity: the running probe's requests
+        self.trace = TraceState()  # --trace: the controller's view of the replay
+        self.trace_rank = (0, 1)  # --trace: this load process's (rank, processes), from the controller
+        self.trace_ready_local: str | bool | None = False  # a local run: False until ready, then None or an error
+        self.plan.on_trace_done = self._trace_done
+        # The controller asks the shape to end the run at its next tick (a result file cannot be written: plugin).
+        self.stop_requested = False
         if isinstance(runner, WorkerRunner):
             runner.register_message(STEP_MESSAGE, self._on_message)
+            runner.register_message(trace_run.BEGIN_MESSAGE, self._on_trace_begin)
+        elif isinstance(runner, MasterRunner):
+            runner.register_message(trace_run.READY_MESSAGE, self._on_trace_ready)
+            runner.register_message(trace_run.DONE_MESSAGE, self._on_trace_done_message)
 
     def reset(self) -> None:
         self.state = None
+        self.stop_requested = False
         self.timeline = []
         self.plan.reset()
+        self.trace = TraceState()
+        self.trace_ready_local = False
+
+    # --- trace replay (--trace) ----------------------------------------------------------------------
+    def trace_ranks(self, users: int) -> None:
+        """Controller: each load process's share of the rows, decided once for the replay (before the pool is
+        spawned: a worker learns its rank before its users build their prompts)."""
+        runner = self.environment.runner
+        self.trace = TraceState()
+        # Set now (a master's first start() resets its shape unless a step is under way) and read by the self-checks.
+        self.state = StepState(0, users, time.perf_counter())
+        if isinstance(runner, MasterRunner):
+            nodes = runner.clients.ready + runner.clients.spawning + runner.clients.running
+            ids = sorted((node.id for node in nodes), key=runner.get_worker_index)
+            self.trace.ranks = {client_id: rank for rank, client_id in enumerate(ids)}
+            runner.send_message(trace_run.BEGIN_MESSAGE, {"ranks": self.trace.ranks})
+        else:
+            self.trace_rank = (0, 1)
+
+    def report_trace_ready(self, error: str | None, prompts: dict | None = None) -> None:
+        """This load process has built its replay (or failed to: `error`); `prompts`: how (TracePrompts.info)."""
+        runner = self.environment.runner
+        if isinstance(runner, WorkerRunner):
+            runner.send_message(trace_run.READY_MESSAGE, {"error": error, "prompts": prompts})
+        else:
+            self.trace_ready_local = error
+
+    def trace_readiness(self) -> tuple[bool, str | None]:
+        """Controller: (every load process is ready, the first error one reported)."""
+        if not isinstance(self.environment.runner, MasterRunner):
+            ready = self.trace_ready_local
+            return ready is not False, ready if isinstance(ready, str) else None
+        ready = self.trace.ready
+        error = next((e for e in ready.values() if e), None)
+        return all(cid in ready for cid in self.trace.ranks), error
+
+    def begin_trace(self, windows: list[tuple[float, float, int]], window_s: float, users: int, warmup_s: float):
+        """Controller: the replay starts now. Every window of replay time becomes a step of the timeline as its time
+        comes (`advance_trace`); every load process starts its rows' schedule."""
+        now, now_perf = time.time(), time.perf_counter()
+        self.trace.windows, self.trace.start_wall, self.trace.window_s, self.trace.window = windows, now, window_s, -1
+        self.timeline = []
+        self.advance_trace(now, users, warmup_s)
+        runner = self.environment.runner
+        message = {"begin": True, "window_s": window_s, "warmup_s": warmup_s, "users": users}
+        if isinstance(runner, MasterRunner):
+            runner.send_message(trace_run.BEGIN_MESSAGE, message)
+        else:
+            self._start_trace_plan(message, now_perf, now)
+
+    def advance_trace(self, now: float, users: int, warmup_s: float = 0.0) -> None:
+        """Controller: open the windows whose start has come, each ending exactly where the next begins."""
+        trace = self.trace
+        changed = False
+        # Windows after the last one with rows are never opened: the run ends with the last row's answer.
+        last = max((k for k, window in enumerate(trace.windows) if window[2] > 0), default=0)
+        while trace.window < last and trace.start_wall + trace.windows[trace.window + 1][0] <= now:
+            trace.window += 1
+            k = trace.window
+            start, end, rows = trace.windows[k]
+            begins = trace.start_wall + start
+            if self.timeline and self.timeline[-1]["end_time"] is None:
+                self.timeline[-1]["end_time"] = begins
+                self.timeline[-1]["end_reason"] = adaptive.FIXED
+            warm = warmup_s if k == 0 else 0.0
+            self.timeline.append(
+                {
+                    "step": k, "users": users, "start_time": begins, "measure_start": begins + warm,
+                    "end_time": None, "rate_rps": trace_run.window_rate(start, end, rows, trace.window_s),
+                    "trace_window": [start, end], "trace_rows": rows,
+                }
+            )  # fmt: skip
+            self.state = StepState(k, users, time.perf_counter() + max(0.0, begins + warm - time.time()))
+            changed = True
+        if changed and self.on_change:
+            self.on_change(self.timeline)
+
+    def trace_finished(self) -> bool:
+        """Controller: every load process has had all of its rows answered (a worker that left counts as done:
+        its rows are lost, which the log says)."""
+        runner = self.environment.runner
+        if not isinstance(runner, MasterRunner):
+            return self.plan.trace_done
+        present = {client.id for client in runner.clients.all}
+        for cid in self.trace.ranks:
+            if cid not in self.trace.done and cid not in present:
+                logger.warning("worker %s left before its trace rows were all answered", cid)
+                self.trace.done.add(cid)
+        return all(cid in self.trace.done for cid in self.trace.ranks)
+
+    def _start_trace_plan(self, message: dict, now: float | None = None, now_wall: float | None = None) -> None:
+        ctx = self.environment.vllm_loadtest
+        replay = ctx.trace_replay_built()
+        if replay is None:
+            logger.error("the trace replay began before this process had built its prompts; it sends no row")
+            return
+        trace = replay.trace
+        rank, processes = self.trace_rank
+        positions = trace.shard(rank, processes)
+        window_s = float(message["window_s"])
+        windows = trace_run.windows(trace.offsets_s, trace_run.span_s(trace, self.environment.parsed_options), window_s)
+        self.plan.begin_trace(
+            trace.offsets_s[positions], positions, windows, window_s, int(message["users"]),
+            float(message["warmup_s"]), now=now, now_wall=now_wall,
+        )  # fmt: skip
+
+    def _trace_done(self) -> None:
+        runner = self.environment.runner
+        if isinstance(runner, WorkerRunner):
+            runner.send_message(trace_run.DONE_MESSAGE, {"rows": self.plan.answered})
+
+    def _on_trace_begin(self, environment, msg, **_kwargs) -> None:
+        data = msg.data
+        if "ranks" in data:
+            ranks = data["ranks"] or {}
+            rank = ranks.get(self.environment.runner.client_id)
+            if rank is None:
+                # Not counted by the master (it connected just now): it sends nothing, rather than rows twice.
+                logger.warning("this worker was not counted for the trace replay; it sends no row")
+                rank = -1
+            self.trace_rank = (rank, max(len(ranks), 1))
+            return
+        if self.trace_rank[0] < 0:
+            return
+        self._start_trace_plan(data)
+
+    def _on_trace_ready(self, environment, msg, **_kwargs) -> None:
+        data = msg.data or {}
+        self.trace.ready[msg.node_id] = data.get("error")
+        info = getattr(environment.vllm_loadtest, "trace_info", None)
+        if info is not None and data.get("prompts") and not info.get("prompts"):
+            info["prompts"] = data["prompts"]  # every worker builds them alike: the first one's, for run.json
+
+    def _on_trace_done_message(self, environment, msg, **_kwargs) -> None:
+        self.trace.done.add(msg.node_id)
 
     def current(self) -> tuple[int, int, bool]:
         """(step, users, in warm-up) for a request starting now."""
@@ -99,7 +259,7 @@ class StepTracker:
         if rate_rps is not None:
             # Sent with the step, not read from the worker's options: a worker holds its own defaults until the
             # spawn message, which comes after the first step's message.
-            message.update(arrival=options.arrival, seed=options.seed)
+            message.update(arrival=options.arrival, seed=options.seed, burstiness=_burstiness(options))
             if probe is not None:
                 # A probe's arrivals are keyed by its rate, not by its place in the search: the same rate gets the
                 # same times whatever path led to it, so one verdict flipped by noise does not change the later
@@ -114,15 +274,24 @@ class StepTracker:
                 message["ranks"] = {client_id: rank for rank, client_id in enumerate(ids)}
             runner.send_message(STEP_MESSAGE, message)
         elif rate_rps is not None:
-            self.plan.begin(step, users, rate_rps, warmup_s, options.arrival, options.seed, key=message.get("key"))
+            self.plan.begin(
+                step, users, rate_rps, warmup_s, options.arrival, options.seed, key=message.get("key"),
+                burstiness=message["burstiness"],
+            )  # fmt: skip
         if self.on_change:
             self.on_change(self.timeline)
 
     def end(self, reason: str = adaptive.RUN_STOPPED) -> None:
         """Close the last step at the end of the run: ended by the shape for `reason`, else stopped before its end."""
         if self.timeline and self.timeline[-1]["end_time"] is None:
-            self.timeline[-1]["end_time"] = time.time()
-            self.timeline[-1]["end_reason"] = reason
+            last = self.timeline[-1]
+            last["end_time"] = time.time()
+            last["end_reason"] = reason
+            if last.get("trace_rows") and last["end_time"] > last["start_time"]:
+                # A trace's last window lasts until the run ends (its last answers, the next tick), not its nominal
+                # length: its rate is its rows over the time it was measured, as its achieved_rps is (a 4.4 s window
+                # measured for 5.0 s read 5.23 req/s intended beside 4.60 achieved).
+                last["rate_rps"] = last["trace_rows"] / (last["end_time"] - last["start_time"])
             if self.on_change:
                 self.on_change(self.timeline)
 
@@ -152,7 +321,13 @@ class StepTracker:
             self.plan.begin(
                 int(data["step"]), int(data["users"]), float(data["rate_rps"]), float(data["warmup_s"]),
                 str(data["arrival"]), data["seed"], rank=rank, processes=max(len(ranks), rank + 1), key=data.get("key"),
+                burstiness=float(data.get("burstiness", 1.0)),
             )  # fmt: skip
+
+
+def _burstiness(options) -> float:
+    """--arrival gamma's shape (options.check made it a float; 1, Poisson's, for options without it)."""
+    return float(getattr(options, "burstiness", 1.0))
 
 
 class StepLoadShape(LoadTestShape):
@@ -177,6 +352,7 @@ class StepLoadShape(LoadTestShape):
     def _read_plan(self) -> _Plan:
         opts = self.runner.environment.parsed_options
         rates = parse_rates(opts.rates) if getattr(opts, "rates", "") else None
+        trace = trace_run.active(opts)
         # A rate run holds one pool of --max-users users at every step: no users stopped (and requests cut off)
         # between steps, and enough of them that a free one is there at each intended time.
         steps = [opts.max_users] * len(rates) if rates else parse_steps(opts.steps)
@@ -193,7 +369,9 @@ class StepLoadShape(LoadTestShape):
         if search is not None:
             tracker.capacity.itl = any(o.metric == "itl" for o in search.objectives)
             steps, rates = [], None  # the loads are chosen probe by probe
-        return _Plan(steps, duration, warmup, rates, maximum, target, search)
+        if trace:
+            steps, rates = [], None  # the load is the trace's rows at their times
+        return _Plan(steps, duration, warmup, rates, maximum, target, search, trace)
 
     def _step_end(self, plan: _Plan, tracker: StepTracker, elapsed_s: float) -> str | None:
         """Why the running step ends now (analysis/adaptive.END_REASONS), or None while it goes on."""
@@ -300,17 +478,69 @@ class StepLoadShape(LoadTestShape):
         tracker.begin_step(self._index, users, plan.warmup, rate, probe=len(search.probes) + 1)
         return users, float(max(100, users))
 
+    def _trace_tick(self, plan: _Plan, tracker: StepTracker, now: float) -> tuple[int, float] | None:
+        """One tick of a trace replay (--trace): the pool is spawned; once every load process has built its replay
+        (and the pool is up), the replay starts; its windows become steps as their times come; the run ends when
+        every process has had all of its rows answered, or at --run-time."""
+        environment = self.runner.environment
+        opts = environment.parsed_options
+        pool = int(opts.max_users)
+        spawn = (pool, float(max(100, pool)))
+        if self._index < 0:
+            self._index = 0
+            self._step_began = now  # the run's start, for --run-time (Locust ignores -t with a load shape)
+            self._waiting_said = now
+            tracker.trace_ranks(pool)  # before the pool: each worker's users build only its share of the bodies
+            return spawn
+        run_time = getattr(opts, "run_time", None)
+        if run_time and now - self._step_began >= float(run_time):
+            if tracker.trace.start_wall is not None and not tracker.trace_finished():
+                logger.warning("--run-time %ss reached before every trace row was answered: the replay stops", run_time)
+            tracker.end(adaptive.RUN_STOPPED)
+            return None
+        if tracker.trace.start_wall is None:
+            ready, error = tracker.trace_readiness()
+            if error:
+                logger.error("%s", error)
+                environment.process_exit_code = 3
+                tracker.end(adaptive.RUN_STOPPED)
+                return None
+            if not ready or (self.runner.user_count < pool and now - self._step_began < trace_run.USERS_WAIT_S):
+                if now - self._waiting_said >= 10:
+                    self._waiting_said = now
+                    logger.info("waiting for every load process to build the trace's prompts and spawn its users")
+                return spawn
+            trace = trace_run.load(opts)
+            span = trace_run.span_s(trace, opts)
+            windows = trace_run.windows(trace.offsets_s, span, plan.duration)
+            logger.info(
+                "Replaying %d trace rows over %.1f s in %d window(s) of %g s", len(trace), span,
+                len(windows), plan.duration,
+            )  # fmt: skip
+            tracker.begin_trace(windows, plan.duration, pool, plan.warmup)
+            return spawn
+        tracker.advance_trace(time.time(), pool)
+        if tracker.trace_finished():
+            tracker.end(adaptive.FIXED)
+            return None
+        return spawn
+
     def tick(self) -> tuple[int, float] | None:
         if getattr(self, "_plan", None) is None:
             self._plan = self._read_plan()
         plan = self._plan
         steps = plan.steps
         tracker: StepTracker = self.runner.environment.vllm_loadtest.tracker
+        if tracker.stop_requested:  # the run cannot be recorded any more (plugin.RunContext._write_failed)
+            tracker.end(adaptive.RUN_STOPPED)
+            return None
         # Each step is timed from its own beginning, not from the run's start: a master's start() blocks until
         # the workers confirm their users (up to seconds), which would otherwise eat into the following steps.
         now = time.monotonic()
         if plan.search is not None:
             return self._capacity_tick(plan, tracker, now)
+        if plan.trace:
+            return self._trace_tick(plan, tracker, now)
         reason = self._step_end(plan, tracker, now - self._step_began) if self._index >= 0 else None
         if self._index < 0 or reason is not None:
             self._index += 1
@@ -371,3 +601,4 @@ class _Plan:
     max_duration: float
     target: float
     search: _Search | None = None  # --find-capacity: the loads come from the search, probe by probe
+    trace: bool = False  # --trace: the load is the trace's rows, each window of --step-duration a step

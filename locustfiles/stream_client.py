@@ -1,4 +1,5 @@
-"""One HTTP connection that posts a prepared request and stamps every block of a streamed answer as it arrives.
+"""One HTTP connection that posts a prepared request and stamps every block of a streamed answer as it arrives (or,
+for an answer that does not stream, the block that completed it: `fetch`).
 
 Built from geventhttpclient's parts (its connection pools for TCP/TLS, its llhttp response parser) rather than
 its `HTTPClient.request` + `readline`, for three reasons measured with tests/benchmarks/bench_generator.py:
@@ -26,8 +27,9 @@ import time
 from collections.abc import Callable
 
 import gevent
+from geventhttpclient._parser import HTTPResponseParser
 from geventhttpclient.connectionpool import ConnectionPool, SSLConnectionPool
-from geventhttpclient.response import HTTPResponse
+from geventhttpclient.response import HTTPParseError, HTTPResponse
 from geventhttpclient.url import URL
 
 RECV_BYTES = 64 * 1024  # one read takes whatever has arrived, up to this much
@@ -38,6 +40,7 @@ SO_TIMESTAMPNS = 35
 KERNEL_STAMPS = sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64")
 ANCILLARY_BYTES = socket.CMSG_SPACE(16) if KERNEL_STAMPS else 0
 _timespec = struct.Struct("qq").unpack_from
+_feed = HTTPResponseParser.feed
 
 
 class _Response(HTTPResponse):
@@ -163,6 +166,8 @@ class StreamClient:
         self.content_type = ""
         self.error_body = b""
         self.nbytes = 0
+        self.complete = False  # fetch(): the body ended as its framing says
+        self.last_offset_s: float | None = None  # fetch(): the last byte's arrival since the send stamp
 
     def prepare(self, body: bytes) -> tuple[bytes, bytes]:
         """The request bytes before and after the X-Request-Id value (the only part that changes)."""
@@ -188,26 +193,39 @@ class StreamClient:
         reusable = False
         try:
             response = _Response()
-            feed = response.feed
+            feed = _feed.__get__(response)  # llhttp itself: geventhttpclient's wrapper only mends HEAD responses
             body = response.body
             wall = time.time
+            # The OS socket under gevent's wrapper, and gevent's own wait for it to become readable: a read that
+            # came back short emptied the socket, so the next one waits first instead of failing with EAGAIN (a
+            # syscall and an exception per chunk, measured in tests/benchmarks/bench_generator.py).
+            raw = sock._sock
+            readable = sock._read_event
+            wait = sock._wait
+            recv = sock.recv  # without kernel stamps (TLS, or not Linux): gevent's own, which waits and decrypts
             self.start_time = self.last_read = start = wall()
             self.t0 = time.perf_counter()
             self.requests += 1
             self.reader = gevent.getcurrent()
             sock.sendall(request)
-            recvmsg = sock.recvmsg
-            recv = sock.recv
             status = 0
+            drained = True  # nothing can have arrived yet: wait before the first read
             while True:
                 if kernel:
-                    data, ancillary, _flags, _addr = recvmsg(RECV_BYTES, ANCILLARY_BYTES)
+                    if drained:
+                        wait(readable)
+                    try:
+                        data, ancillary, _flags, _addr = raw.recvmsg(RECV_BYTES, ANCILLARY_BYTES)
+                    except BlockingIOError:  # woken without data (a spurious wake-up)
+                        drained = True
+                        continue
                     # Offsets in wall-clock time, the clock of the kernel's stamps and of the send stamp.
                     if ancillary and ancillary[0][1] == SO_TIMESTAMPNS:  # SCM_TIMESTAMPNS has the option's value
                         sec, nsec = _timespec(ancillary[0][2])
                         t = sec + nsec * 1e-9
                     else:  # the end of the stream (no data, no stamp)
                         t = wall()
+                    drained = len(data) < RECV_BYTES
                 else:
                     data = recv(RECV_BYTES)
                     t = wall()
@@ -236,6 +254,79 @@ class StreamClient:
             elif status != 200:
                 self.error_body = bytes(body[:MAX_ERROR_BODY])
             reusable = self.keep_alive and response.message_complete and not response.should_close()
+        finally:
+            self.reader = None
+            if reusable:
+                self.pool.return_socket(sock)
+            else:
+                self.pool.release_socket(sock)
+
+    def fetch(self, prepared: tuple[bytes, bytes], request_id: str) -> bytearray:
+        """Send the request and read its whole answer (a response that does not stream: embeddings); return the body.
+
+        Sets status, content_type, nbytes, error_body (the start of a non-200 body), complete (the body ended as its
+        framing says, not by a lost connection) and last_offset_s: the stamp of the last read that brought bytes of
+        the response, since the send stamp (the arrival of the body's last byte; the kernel's stamp where streams
+        get one). Raises as stream() does; `t0` is set by then. The streaming path is stream(): kept apart so that
+        its per-line loop carries nothing of this one.
+        """
+        request = prepared[0] + request_id.encode("latin-1") + prepared[1]
+        self.status, self.content_type, self.error_body, self.nbytes, self.t0 = 0, "", b"", 0, 0.0
+        self.complete, self.last_offset_s = False, None
+        self.connect_time, self.connect_t = time.time(), time.perf_counter()
+        sock = self.pool.get_socket()  # connected (or reused) before the stamp: connecting is not server latency
+        kernel = self.kernel_stamps
+        if kernel:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            except OSError:
+                kernel = self.kernel_stamps = False
+        reusable = False
+        try:
+            response = _Response()
+            feed = response.feed
+            body = response.body
+            wall = time.time
+            self.start_time = self.last_read = start = wall()
+            self.t0 = time.perf_counter()
+            self.requests += 1
+            self.reader = gevent.getcurrent()
+            sock.sendall(request)
+            last = None
+            while True:
+                if kernel:
+                    data, ancillary, _flags, _addr = sock.recvmsg(RECV_BYTES, ANCILLARY_BYTES)
+                    if ancillary and ancillary[0][1] == SO_TIMESTAMPNS:
+                        sec, nsec = _timespec(ancillary[0][2])
+                        t = sec + nsec * 1e-9
+                    else:
+                        t = wall()
+                else:
+                    data = sock.recv(RECV_BYTES)
+                    t = wall()
+                self.last_read = t
+                if data:
+                    last = t  # the end of the stream (b"") is noticed later than the last byte arrived
+                    feed(data)
+                else:
+                    try:
+                        feed(data)  # tells llhttp the connection closed: it ends a body delimited by the close
+                    except HTTPParseError:  # closed inside the body: not complete (the caller says so in its words)
+                        break
+                if not self.status and response.headers_complete:
+                    self.status = response.status_code
+                    self.content_type = str(response.get("content-type") or "")
+                if self.status and self.status != 200 and len(body) >= MAX_ERROR_BODY:
+                    break
+                if response.message_complete or not data:
+                    break
+            self.complete = response.message_complete
+            self.nbytes = len(body)
+            self.last_offset_s = None if last is None else last - start
+            if self.status != 200:
+                self.error_body = bytes(body[:MAX_ERROR_BODY])
+            reusable = self.keep_alive and response.message_complete and not response.should_close()
+            return body
         finally:
             self.reader = None
             if reusable:

@@ -43,6 +43,28 @@ TAB = "llm"
 # `python -m` of the analysis package beside this one: vllm_loadtest.analysis, installed or in a checkout.
 ANALYSIS_PACKAGE = __package__.rpartition(".")[0] + ".analysis"
 REFRESH_MIN_S = 1.0  # the live table is recomputed at most this often, however many browsers poll
+# The live table is computed on every record so far, so its cost grows with the run: it may take at most this share
+# of the event loop, which also receives the workers' records (and, in a local run, stamps every stream). A long
+# run's table is then refreshed less often, and the intake is never slowed down by it.
+LIVE_SHARE = 0.2
+
+
+def refresh_hold_s(compute_s: float) -> float:
+    """How long one computation of the live table is served: max(REFRESH_MIN_S, its duration / LIVE_SHARE)."""
+    return max(REFRESH_MIN_S, compute_s / LIVE_SHARE)
+
+
+def _live_table_of(live: LiveRecords, columns: dict[str, list], timeline: list[dict], now: float):
+    records = live.frame(columns)
+    return records, live_table(records, timeline, now)
+
+
+def _off_loop(fn: Callable, *args):
+    """fn(*args) in gevent's pool of native threads, the calling greenlet waiting and the event loop running."""
+    import gevent
+
+    return gevent.get_hub().threadpool.apply(fn, args)
+
 
 # (row key, title) of the tab's columns, from the glossary: its web UI list, titles and formats (latencies in ms).
 COLUMNS = [(c.key, c.title) for c in glossary.web_columns()]
@@ -79,6 +101,8 @@ class LLMTab:
         self.run_dir: Path | None = None  # the current (or last) run's
         self._final: LiveView | None = None  # the last run's view, once its end has been written
         self._cache: tuple[float, LiveView] = (0.0, LiveView())
+        self._hold_s = REFRESH_MIN_S  # how long the cached view is served (refresh_hold_s of its computation)
+        self._computing = False  # a computation of the live table is running (in gevent's thread pool)
         self._scrapes = live_charts.ScrapeTail(None)  # the run's metrics.jsonl, read incrementally for the charts
         self._charts: tuple[float, bytes] = (-math.inf, b"")
         self._latency = live_charts.LatencyBins()  # the charts' time bins: only the last ones are recomputed
@@ -125,7 +149,7 @@ class LLMTab:
         self.run_dir = Path(run_dir) if run_dir else None
         self.live.reset()
         self._final = None
-        self._cache = (0.0, LiveView())
+        self._cache, self._hold_s = (0.0, LiveView()), REFRESH_MIN_S
         self._charts = (-math.inf, b"")
         self._latency = live_charts.LatencyBins()
         model = environment.parsed_options.model or None  # as the scraper keeps only this model's samples
@@ -141,7 +165,7 @@ class LLMTab:
         # Listens after the plugin's test_stop: every worker's records have arrived and run.json holds the final
         # timeline, so these rows are the final table's, kept until the next run.
         self._final = None
-        self._cache = (0.0, LiveView())
+        self._cache, self._hold_s = (0.0, LiveView()), REFRESH_MIN_S
         try:
             self._final = self._compute()
         except Exception:  # the LLM tab must never fail the run (an exception here would set its exit code)
@@ -152,12 +176,17 @@ class LLMTab:
         return self.view().rows
 
     def view(self) -> LiveView:
-        """The run so far, recomputed at most every REFRESH_MIN_S however many browsers poll."""
+        """The run so far, recomputed at most every refresh_hold_s(its last computation), however many poll."""
         now = time.monotonic()
-        if now - self._cache[0] < REFRESH_MIN_S:
-            return self._cache[1]
-        view = self._compute()
+        if now - self._cache[0] < self._hold_s or self._computing:
+            return self._cache[1]  # a poll during a computation (in its thread) gets the last view, starts no other
+        self._computing = True
+        try:
+            view = self._compute()
+        finally:
+            self._computing = False
         self._cache = (now, view)
+        self._hold_s = refresh_hold_s(time.monotonic() - now)
         self._read_scrapes()  # with Locust's own polling too: the charts find the scrapes read when they open
         return view
 
@@ -170,8 +199,10 @@ class LLMTab:
             return LiveView(now=now)
         gauges = latest_gauges(self.latest_samples(), self.environment.parsed_options.model or None)
         running = self.environment.runner.state in ("spawning", "running")
-        records = self.live.frame()
-        table, whole = live_table(records, timeline, now)
+        # The table is computed on every record so far (seconds in a long, fast run): in a native thread, so the
+        # event loop goes on receiving the workers' records meanwhile (the GIL changes hands every 5 ms); the columns
+        # are copied here, where records are appended.
+        records, (table, whole) = _off_loop(_live_table_of, self.live, self.live.snapshot(), timeline, now)
         rows = []
         if len(table):
             current = table.iloc[-1].to_dict()

@@ -64,7 +64,11 @@ def test_auto_steps_end_when_their_interval_is_within_the_target(fake_server, tm
     timeline = run_json["timeline"]
     assert [t["end_reason"] for t in timeline] == ["ci_target", "ci_target"], timeline
     assert list(steps["end_reason"]) == ["ci_target", "ci_target"]
-    assert list(steps.columns)[-2:] == ["end_reason", "probe"]  # appended: steps.csv only gains columns
+    # Appended (steps.csv only gains columns): after every column before them, before the later sections.
+    columns = list(steps.columns)
+    at = columns.index("end_reason")
+    assert columns[at : at + 2] == ["end_reason", "probe"]
+    assert at + 2 == columns.index("ttfo_p50_s")  # the reasoning section (issue 18) was appended after them
     assert_within_target(steps, records, timeline, 0.05)
     lengths = [t["end_time"] - t["start_time"] for t in timeline]
     assert all(length < 20 for length in lengths), lengths

@@ -557,3 +557,19 @@ def test_a_rate_search_of_a_known_ceiling():
     assert [p.load for p in path] == [1, 2, 4, 8, 16, 32, 64, 48, 40, 36, 34]
     out = result(RATE, path, "ttft_p95=100ms", table([p.step for p in path]), {}, why)
     assert out["max_rate_rps"] == 34.0 < 45.7 and out["first_failing"]["rate_rps"] == 36.0
+
+
+def test_a_probe_stopped_before_it_was_judged_counts_only_on_what_its_data_showed():
+    """Ctrl-C 0.1 s into a probe left it with no data: judged again at the end it read FAIL ('no data') and the
+    result named it the first failing load. Stopped before its judgment, it counts only as a pass or a fail on
+    values; a clear fail on values still counts."""
+    table = pd.DataFrame({"step": [0, 1], "users": [1, 2]})
+    no_data = Check("ttft_p95", 0.1, math.nan, math.nan, math.nan, FAIL)
+    stopped = Probe(2, 1, 2.0, FAIL, [no_data], interrupted=True)
+    passed = Probe(1, 0, 1.0, PASS, [Check("ttft_p95", 0.1, 0.02, math.nan, math.nan, PASS)])
+    out = result(USERS, [passed, stopped], "ttft_p95=100ms", table, {}, None)
+    assert out["max_users"] == 1 and out["first_failing"] is None and out["limit"] is None
+    assert out["probes"][1]["interrupted"] is True and out["probes"][1]["counted"] is False
+    clear = Probe(2, 1, 2.0, FAIL, [Check("ttft_p95", 0.1, 0.5, 0.4, 0.6, FAIL)], interrupted=True)
+    out = result(USERS, [passed, clear], "ttft_p95=100ms", table, {}, None)
+    assert out["first_failing"]["step"] == 1 and out["probes"][1]["counted"] is True

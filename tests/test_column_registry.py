@@ -25,7 +25,8 @@ from vllm_loadtest.analysis.steps import STEP_COLUMNS, UNCERTAINTY_COLUMNS, form
 from tests.conftest import ROOT, FakeServer
 from tests.test_headless import short_run
 
-STEP_SECTIONS = (g.STEP, g.SERVER, g.GENERATOR, g.OPEN_LOOP, g.UNCERTAINTY, g.SERVER_BOUNDS, g.STEP_END)
+STEP_SECTIONS = (g.STEP, g.SERVER, g.GENERATOR, g.OPEN_LOOP, g.UNCERTAINTY, g.SERVER_BOUNDS, g.STEP_END, g.REASONING,
+                 g.EMBEDDINGS, g.GPU)  # fmt: skip
 
 
 def undeclared(written: list[str], sections: tuple[str, ...]) -> list[str]:
@@ -64,8 +65,16 @@ def test_the_derived_lists_are_the_columns_written_in_order(real_run):
     run_dir, _ = real_run
     steps = pd.read_csv(run_dir / "steps.csv")
     assert list(steps.columns) == (
-        STEP_COLUMNS + SERVER_COLUMNS + GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS
-        + SERVER_BOUND_COLUMNS + g.names(g.STEP_END)
+        STEP_COLUMNS
+        + SERVER_COLUMNS
+        + GENERATOR_COLUMNS
+        + OPEN_LOOP_COLUMNS
+        + UNCERTAINTY_COLUMNS
+        + SERVER_BOUND_COLUMNS
+        + g.names(g.STEP_END)
+        + g.names(g.REASONING)
+        + g.names(g.EMBEDDINGS)
+        + g.names(g.GPU)
     )
     for section, derived in ((g.STEP, STEP_COLUMNS), (g.SERVER, SERVER_COLUMNS), (g.GENERATOR, GENERATOR_COLUMNS),
                              (g.OPEN_LOOP, OPEN_LOOP_COLUMNS), (g.UNCERTAINTY, UNCERTAINTY_COLUMNS),
@@ -150,7 +159,7 @@ def test_formats():
 
 @pytest.mark.unit
 def test_every_declaration_is_complete():
-    sections = {*STEP_SECTIONS, g.REQUESTS, g.LIVE}
+    sections = {*STEP_SECTIONS, g.REQUESTS, g.LIVE, g.TURNS}
     for c in g.COLUMNS.values():
         assert c.section in sections and c.unit and c.meaning and "\n" not in c.meaning, c.name
         assert c.bounds is None or all(g.STEP_TABLE[n].section == g.SERVER_BOUNDS for n in c.bounds), c.name
@@ -172,9 +181,11 @@ def test_the_web_ui_columns_keep_their_keys_and_titles():
         ("scope", "Scope"), ("step", "Step"), ("probe", "Probe"), ("users", "Users"), ("rate_rps", "Rate (req/s)"),
         ("requests", "Requests ok"), ("errors", "Errors"), ("aggregate_tok_s", "Aggregate tok/s"),
         ("per_request_tok_s", "Per-request tok/s"), ("ttft_p50_ms", "TTFT p50 (ms)"), ("ttft_p95_ms", "TTFT p95 (ms)"),
-        ("ttft_p99_ms", "TTFT p99 (ms)"), ("tpot_p50_ms", "TPOT p50 (ms)"), ("tpot_p95_ms", "TPOT p95 (ms)"),
+        ("ttft_p99_ms", "TTFT p99 (ms)"), ("ttfo_p50_ms", "TTFO p50 (ms)"), ("ttfo_p95_ms", "TTFO p95 (ms)"),
+        ("reasoning_share", "Reasoning share"), ("tpot_p50_ms", "TPOT p50 (ms)"), ("tpot_p95_ms", "TPOT p95 (ms)"),
         ("schedule_lag_p99_ms", "Schedule lag p99 (ms)"), ("kv_cache_usage", "KV cache (latest)"),
         ("running", "Running (latest)"), ("waiting", "Waiting (latest)"), ("stable", "Stable"), ("outlier", "Outlier"),
+        ("inputs_per_s", "Inputs/s"), ("prompt_tok_s", "Prompt tok/s"), ("e2e_p95_ms", "E2E p95 (ms)"),
     ]  # fmt: skip
     row = _row("whole run", {"step": "all", "users": 4, "requests": 10, "ttft_p50_s": 0.02049, "tpot_p50_s": 0.005,
                              "rate_rps": 2.0, "schedule_lag_p99_s": math.nan},

@@ -31,7 +31,9 @@ def test_compose_commands_run_a_complete_distributed_run(fake_server, tmp_path):
     )
 
     def command(svc: str) -> str:
-        cmd = services[svc]["command"].replace("${LOCUST_ARGS:-}", locust_args)
+        # Compose's own interpolation: ${VAR:-} from its environment (no profile: the CPU run), $$ for a literal $.
+        cmd = services[svc]["command"].replace("${LOCUST_ARGS:-}", locust_args).replace("${COMPOSE_PROFILES:-}", "")
+        cmd = cmd.replace("$$", "$")
         cmd = cmd.replace("http://vllm:8000", server.url).replace("python -m", f"{sys.executable} -m")
         cmd = cmd.replace("locust -f", f"{sys.executable} -m locust -f")
         return cmd.replace("--master-host locust-master", f"--master-host 127.0.0.1 --master-port {port}")

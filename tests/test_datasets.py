@@ -25,6 +25,7 @@ from vllm_loadtest.locustfiles.datasets import (
 
 from tests.fakeserver import count_tokens
 from tests.helpers.inprocess import parse_options
+from tests.helpers.tokenizer import FakeTokenizer
 
 pytestmark = pytest.mark.unit
 
@@ -38,21 +39,6 @@ SHAREGPT = [
     {"id": "d", "conversations": [{"from": "gpt", "value": "answer first"}, {"from": "human", "value": "late"}]},
     {"id": "e"},  # skipped: no conversations
 ]  # fmt: skip
-
-
-class FakeTokenizer:
-    """Stands in for datasets.Tokenizer without a server: tests/fakeserver.py's counting rule."""
-
-    max_model_len: int | None = 4096
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def count(self, prompt: str | list[dict], special: bool = True) -> int:
-        self.calls += 1
-        if isinstance(prompt, list):
-            return count_tokens(messages=prompt)
-        return count_tokens(prompt, special=special)
 
 
 def context(endpoint: str = "completions", tokenizer: FakeTokenizer | None = None, n: int = 20, **opts):

@@ -104,9 +104,7 @@ def test_report_regenerates_from_a_copied_run_dir_and_overlays_compared_runs(fak
     pd.testing.assert_frame_equal(pd.read_csv(copy / "steps.csv"), pd.read_csv(runs["short"] / "steps.csv"))
     original = json.loads((runs["short"] / SUMMARY_FILE).read_text())
     rebuilt = json.loads((copy / SUMMARY_FILE).read_text())
-    assert {k: v for k, v in rebuilt.items() if k != "run_dir"} == {
-        k: v for k, v in original.items() if k != "run_dir"
-    }
+    assert {k: v for k, v in rebuilt.items() if k != "run_dir"} == {k: v for k, v in original.items() if k != "run_dir"}
     page = (copy / REPORT_FILE).read_text()
     assert "short-copy aggregate tok\\u002fs" in page and "long aggregate tok\\u002fs" in page  # JSON-escaped
     assert page.count("Plotly.newPlot(") == (runs["short"] / REPORT_FILE).read_text().count("Plotly.newPlot(")

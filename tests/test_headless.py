@@ -10,7 +10,10 @@ import urllib.request
 import pandas as pd
 import pytest
 from vllm_loadtest.analysis.adaptive import STEP_END_COLUMNS
+from vllm_loadtest.analysis.embeddings import EMBEDDINGS_COLUMNS
 from vllm_loadtest.analysis.generator import GENERATOR_COLUMNS
+from vllm_loadtest.analysis.gpu import GPU_COLUMNS
+from vllm_loadtest.analysis.reasoning import REASONING_COLUMNS
 from vllm_loadtest.analysis.run import STEPS_FILE
 from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS
 from vllm_loadtest.analysis.server_metrics import SERVER_BOUND_COLUMNS, SERVER_COLUMNS
@@ -46,8 +49,16 @@ def test_stepped_headless_run_writes_records_and_the_step_table(fake_server, tmp
     records = pd.read_parquet(run_dir / "requests.parquet")
     steps = pd.read_csv(run_dir / STEPS_FILE)
     assert list(steps.columns) == (
-        STEP_COLUMNS + SERVER_COLUMNS + GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS
-        + SERVER_BOUND_COLUMNS + STEP_END_COLUMNS
+        STEP_COLUMNS
+        + SERVER_COLUMNS
+        + GENERATOR_COLUMNS
+        + OPEN_LOOP_COLUMNS
+        + UNCERTAINTY_COLUMNS
+        + SERVER_BOUND_COLUMNS
+        + STEP_END_COLUMNS
+        + REASONING_COLUMNS
+        + EMBEDDINGS_COLUMNS
+        + GPU_COLUMNS
     )
     assert set(steps["end_reason"]) == {"fixed"}
     # The fake server's /metrics was scraped: its counters match the client's records exactly.
@@ -216,7 +227,7 @@ def test_options_appear_in_the_web_ui_start_form(tmp_path):
         "run_dir",
     ):
         assert name in extra, name
-    assert extra["endpoint"]["choices"] == ["chat", "completions"]
+    assert extra["endpoint"]["choices"] == ["chat", "completions", "embeddings"]
     assert extra["max_tokens"]["default_value"] == 256
 
 

@@ -56,3 +56,16 @@ def test_failed_streams_explain_a_token_difference(tmp_path):
 def test_without_metrics_it_says_so():
     check = integrity(records([1]), None)
     assert not check["available"] and "not available" in check["text"][0]
+
+
+def test_a_cut_off_stream_the_server_finished_is_not_a_mismatch(tmp_path):
+    """A stream sent whole but unread when its user was stopped: the server counts it finished, the records cut off.
+    The server's count may exceed the ok requests by at most the cut-off ones."""
+    m = metrics(tmp_path, [(0, (0, 0, 0)), (1, (1, 2, 80))])
+    cut = records([20, 30], failed=1).assign(error_type=[None, None, "cut_off"])
+    check = integrity(cut, m)
+    assert check["requests_within"] and not check["requests_match"] and not check["mismatch"]
+    assert check["text"][0].startswith("Requests: the server finished 3 normally") and "1 of the 1" in check["text"][0]
+    (tmp_path / "more").mkdir()
+    more = metrics(tmp_path / "more", [(0, (0, 0, 0)), (1, (2, 2, 80))])  # one beyond the cut-off one: other traffic
+    assert integrity(cut, more)["mismatch"]

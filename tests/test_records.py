@@ -84,3 +84,32 @@ def test_a_requests_file_from_before_the_dataset_columns_reads_them_as_missing(t
     records = load_records(tmp_path, columns=REQUEST_COLUMNS)
     assert list(records.columns) == REQUEST_COLUMNS and records["dataset"].isna().all()
     assert records["request_id"].tolist() == ["id1"]
+
+
+def test_requests_parquet_says_which_requests_the_step_table_measured(tmp_path):
+    """measured: after the warm-up and finished before the stop; the warm-up's, the one in flight at the stop (its
+    TTFT real but outside every step) and a cut-off one are not. records/*.jsonl leave it None."""
+    from vllm_loadtest.analysis.records import RequestRecord
+    from vllm_loadtest.analysis.run import finalize, write_run
+
+    from tests.helpers.records import rec
+
+    w = RecordWriter(tmp_path / RECORDS_DIR / "a.jsonl")
+    rows = [
+        rec(1, 0, 2, 100.0, 0.05, 10, 0.01, warmup=True),
+        rec(2, 0, 2, 101.0, 0.05, 10, 0.01),
+        rec(3, 0, 2, 109.9, 0.05, 10, 0.01),  # finishes at ~110.05, after the stop at 110
+        rec(4, 0, 2, 109.95, 0.05, 3, 0.01, status="error", error_type="cut_off", duration=0.02),
+        rec(5, 0, 2, 102.0, 0.05, 10, 0.01, status="error", error_type="http_500", duration=0.01),
+    ]
+    for row in rows:
+        w.write(RequestRecord(**row))
+    w.close()
+    assert b'"measured":null' in (tmp_path / RECORDS_DIR / "a.jsonl").read_bytes()
+    write_run(tmp_path, {"timeline": [{"step": 0, "users": 2, "start_time": 100.0, "measure_start": 100.5,
+                                       "end_time": 110.0}]})  # fmt: skip
+    finalize(tmp_path)
+    df = pd.read_parquet(tmp_path / REQUESTS_FILE).set_index("request_id")
+    assert df["measured"].to_dict() == {"r1": False, "r2": True, "r3": False, "r4": False, "r5": True}
+    steps = pd.read_csv(tmp_path / "steps.csv")
+    assert steps.loc[0, "requests"] == 1 and steps.loc[0, "errors"] == 1  # the measured ones, as the column says

@@ -75,9 +75,13 @@ class ServerProfile:
     # counter includes, subtracted (kept under the server's own name)
     continuous_usage_stats: bool = False  # accepts stream_options.continuous_usage_stats (usage in every chunk)
     ignore_eos: bool = False  # accepts ignore_eos (exact output lengths)
+    chat_template_kwargs: bool = False  # its chat endpoint passes chat_template_kwargs to the chat template
     tokenizer: TokenizerEndpoint | None = None
     version: VersionEndpoint | None = None
     metrics: bool = True  # serves Prometheus text at /metrics
+    # usage.prompt_tokens_details.cached_tokens is left out when 0 (SGLang): missing then means none cached, in a run
+    # where other answers carry it
+    cached_tokens_zero_omitted: bool = False
     sources: tuple[str, ...] = ()  # where the names come from
     renames: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
@@ -118,9 +122,11 @@ def _profile(module) -> ServerProfile:
         aborted_counter=getattr(module, "ABORTED_COUNTER", None),
         continuous_usage_stats=module.CONTINUOUS_USAGE_STATS,
         ignore_eos=module.IGNORE_EOS,
+        chat_template_kwargs=getattr(module, "CHAT_TEMPLATE_KWARGS", False),
         tokenizer=TokenizerEndpoint(**module.TOKENIZER) if module.TOKENIZER else None,
         version=VersionEndpoint(**module.VERSION) if module.VERSION else None,
         metrics=module.METRICS,
+        cached_tokens_zero_omitted=getattr(module, "CACHED_TOKENS_ZERO_OMITTED", False),
         sources=tuple(module.SOURCES),
     )
 

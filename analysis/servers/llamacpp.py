@@ -35,6 +35,8 @@ SERIES = {
 SUCCESS_REASONS = None
 CONTINUOUS_USAGE_STATS = False
 IGNORE_EOS = True
+# chat_template_kwargs: merged into the Jinja template's arguments (tools/server/utils.hpp)
+CHAT_TEMPLATE_KWARGS = True
 TOKENIZER = {"path": "/tokenize", "style": "llamacpp", "chat": False}
 VERSION = {"path": "/props", "field": "build_info"}
 METRICS = True

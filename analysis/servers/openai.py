@@ -12,6 +12,8 @@ SERIES: dict = {}
 SUCCESS_REASONS = None
 CONTINUOUS_USAGE_STATS = False
 IGNORE_EOS = False
+# not an OpenAI API field (a strict API answers it with a 400)
+CHAT_TEMPLATE_KWARGS = False
 TOKENIZER = None
 VERSION = None
 METRICS = False

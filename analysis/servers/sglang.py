@@ -17,6 +17,10 @@ Mapping notes:
   client that disconnects aborts its request: TokenizerManager.abort_request counts it in
   sglang:num_aborted_requests_total, and the request then finishes); the integrity check subtracts the aborts.
 - No waiting-by-reason and no cache-config series: missing.
+- Per request, with --enable-cache-report, the final usage chunk of a stream carries
+  usage.prompt_tokens_details.cached_tokens, vLLM's shape; but only when it is above 0 (UsageProcessor.
+  _details_if_cached in python/sglang/srt/entrypoints/openai/usage_processor.py): in a run where some answers carry
+  it, an answer with usage and without it had none cached (CACHED_TOKENS_ZERO_OMITTED).
 """
 
 NAME = "sglang"
@@ -40,12 +44,16 @@ SUCCESS_REASONS = None
 ABORTED_COUNTER = "sglang:num_aborted_requests_total"
 CONTINUOUS_USAGE_STATS = True
 IGNORE_EOS = True
+# chat_template_kwargs: ChatCompletionRequest (python/sglang/srt/entrypoints/openai/protocol.py)
+CHAT_TEMPLATE_KWARGS = True
 # {"model", "prompt", "add_special_tokens"} -> {"tokens", "count", "max_model_len"}: vLLM's shape, prompts only.
 TOKENIZER = {"path": "/tokenize", "style": "vllm", "chat": False}
 VERSION = None
 METRICS = True
+CACHED_TOKENS_ZERO_OMITTED = True
 SOURCES = (
     "https://github.com/sgl-project/sglang/blob/main/python/sglang/srt/metrics/collector.py",
     "https://docs.sglang.ai/references/production_metrics.html",
     "https://github.com/sgl-project/sglang/blob/main/python/sglang/srt/entrypoints/http_server.py",
+    "https://github.com/sgl-project/sglang/blob/main/python/sglang/srt/entrypoints/openai/usage_processor.py",
 )

@@ -39,6 +39,8 @@ ALIASES = {"tgi_request_success": "tgi_request_success_total"}
 SUCCESS_REASONS = None
 CONTINUOUS_USAGE_STATS = False
 IGNORE_EOS = False
+# no chat_template_kwargs in its ChatRequest
+CHAT_TEMPLATE_KWARGS = False
 TOKENIZER = {"path": "/tokenize", "style": "tgi", "chat": False}
 VERSION = {"path": "/info", "field": "version"}
 METRICS = True

@@ -33,6 +33,8 @@ ALIASES = {
 SUCCESS_REASONS = ("stop", "length")  # vllm:request_success_total{finished_reason=stop|length|abort}
 CONTINUOUS_USAGE_STATS = True
 IGNORE_EOS = True
+# chat_template_kwargs: ChatCompletionRequest (entrypoints/openai/chat_completion/protocol.py)
+CHAT_TEMPLATE_KWARGS = True
 TOKENIZER = {"path": "/tokenize", "style": "vllm", "chat": True}
 VERSION = {"path": "/version", "field": "version"}
 METRICS = True

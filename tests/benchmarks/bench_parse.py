@@ -28,6 +28,22 @@ def vllm_lines(n_tokens: int) -> list[tuple[float, bytes]]:
     return [*lines, (3.0, b"data: [DONE]\n"), (3.0, b"\n")]
 
 
+def chat_lines(n_reasoning: int, n_answer: int) -> list[tuple[float, bytes]]:
+    """vLLM 0.32's chat chunks with a reasoning parser and continuous usage: n_reasoning `delta.reasoning` chunks,
+    then n_answer `delta.content` chunks (chat_completion/serving.py's shapes, exclude_unset)."""
+    head = '{"id":"chatcmpl-4d3c","object":"chat.completion.chunk","created":1764600000,"model":"qwen3","choices":'
+    lines = []
+    for i in range(n_reasoning + n_answer):
+        delta = {"reasoning": f" tok{i}"} if i < n_reasoning else {"content": f" tok{i}"}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None, "token_ids": None}
+        usage = {"prompt_tokens": 12, "total_tokens": 13 + i, "completion_tokens": i + 1,
+                 "completion_tokens_details": {"reasoning_tokens": min(i + 1, n_reasoning)}}  # fmt: skip
+        line = head + orjson.dumps([choice]).decode() + ',"usage":' + orjson.dumps(usage).decode() + "}"
+        t = 0.05 + i * 0.01
+        lines += [(t, b"data: " + line.encode() + b"\n"), (t, b"\n")]
+    return [*lines, (3.0, b"data: [DONE]\n"), (3.0, b"\n")]
+
+
 def best(fn, number: int) -> float:
     return min(timeit.repeat(fn, number=number, repeat=7)) / number
 
@@ -70,6 +86,14 @@ def main() -> None:
         "(one stall of the event loop if parsed after the stream)"
     )
     print(f"  the same fed line by line:                     {best(feed_all, 50) * 1e6:8.0f} µs in {len(lines)} slices")
+    chat = chat_lines(128, 128)
+
+    def feed_chat():
+        p = StreamParser()
+        for t, line in chat:
+            p.feed(t, line)
+
+    print(f"a 256-token chat stream, 128 reasoning + 128 answer, fed line by line: {best(feed_chat, 50) * 1e6:8.0f} µs")
     print(f"256-token record, orjson.dumps(dataclass):       {fast * 1e6:8.1f} µs")
     print(f"256-token record, json.dumps(asdict(...)):       {slow * 1e6:8.1f} µs")
 

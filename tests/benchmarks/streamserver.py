@@ -7,8 +7,13 @@ chunk was handed to the kernel. GET /truth returns those logs, so a client's TTF
 what the server really did: the server's own lateness is then not counted as client error.
 
 Modes:
-- timed: token i is scheduled at receipt + ttft + (i - 1) * itl (absolute deadlines, no drift);
-- flood: the whole stream is written at once, as fast as the socket takes it (client throughput).
+- timed: token i is scheduled at receipt + ttft + (i - 1) * itl (absolute deadlines, no drift). The receipt is the
+  kernel's receive stamp of the packet that completed the request (SO_TIMESTAMPNS, set on the listening socket and
+  inherited by every accepted one; sockets read with recvmsg from the loop's add_reader), not when this process got
+  to it: a wave of 64 new connections took this server ~3 ms to accept and read, and with a user-space stamp that
+  showed as the client's send delay;
+- flood: the whole stream is written at once, as fast as the socket takes it (client throughput), through uvloop's
+  transports (receipt: the user-space time of data_received).
 
     python -m tests.benchmarks.streamserver --port 0 --ttft-ms 50 --itl-ms 10 [--flood] [--cpu 1]
 
@@ -21,6 +26,8 @@ import argparse
 import asyncio
 import gc
 import os
+import socket
+import struct
 import time
 
 import orjson
@@ -87,8 +94,8 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.closed = True
 
-    def data_received(self, data: bytes) -> None:
-        now = time.time()
+    def data_received(self, data: bytes, now: float | None = None) -> None:
+        now = time.time() if now is None else now
         self.buf += data
         while True:
             end = self.buf.find(b"\r\n\r\n")
@@ -162,6 +169,102 @@ class Connection(asyncio.Protocol):
             self.transport.close()
 
 
+SO_TIMESTAMPNS = 35  # Linux's generic value (x86_64, arm64), as locustfiles/stream_client.py
+ANCILLARY = socket.CMSG_SPACE(16)
+
+
+class RawTransport:
+    """The part of an asyncio transport that Connection uses (write, close), on a non-blocking socket read with
+    recvmsg: every read carries the kernel's receive stamp, handed to Connection.data_received."""
+
+    def __init__(self, loop, sock: socket.socket, protocol: Connection) -> None:
+        self.loop, self.sock, self.protocol = loop, sock, protocol
+        self.pending = bytearray()
+        self.closed = False
+        protocol.connection_made(self)
+        loop.add_reader(sock.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        try:
+            data, ancillary, _flags, _addr = self.sock.recvmsg(65536, ANCILLARY)
+        except BlockingIOError:
+            return
+        except OSError:
+            return self.close()
+        if not data:
+            return self.close()
+        stamp = None
+        if ancillary and ancillary[0][1] == SO_TIMESTAMPNS:
+            sec, nsec = struct.unpack_from("qq", ancillary[0][2])
+            stamp = sec + nsec * 1e-9
+        self.protocol.data_received(data, stamp)
+
+    def write(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if not self.pending:
+            try:
+                sent = self.sock.send(data)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                return self.close()
+            if sent == len(data):
+                return
+            data = data[sent:]
+            self.loop.add_writer(self.sock.fileno(), self._flush)
+        self.pending += data
+
+    def _flush(self) -> None:
+        try:
+            sent = self.sock.send(self.pending)
+        except BlockingIOError:
+            return
+        except OSError:
+            return self.close()
+        del self.pending[:sent]
+        if not self.pending:
+            self.loop.remove_writer(self.sock.fileno())
+            if self.closed:
+                self._shut()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.loop.remove_reader(self.sock.fileno())
+        self.protocol.connection_lost(None)
+        if not self.pending:
+            self._shut()
+
+    def _shut(self) -> None:
+        self.loop.remove_writer(self.sock.fileno())
+        self.sock.close()
+
+
+def serve_raw(loop, server: Server, port: int) -> socket.socket:
+    """Accept on a listening socket whose kernel stamps every accepted socket inherits (timed mode)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(4096)
+    listener.setblocking(False)
+
+    def accept() -> None:
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except BlockingIOError:
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            RawTransport(loop, sock, server.protocol())
+
+    loop.add_reader(listener.fileno(), accept)
+    return listener
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, default=0)
@@ -184,7 +287,12 @@ def main() -> None:
     server = Server(a.ttft_ms / 1000, a.itl_ms / 1000, a.flood)
 
     async def serve() -> None:
-        srv = await asyncio.get_running_loop().create_server(server.protocol, "127.0.0.1", a.port, backlog=4096)
+        loop = asyncio.get_running_loop()
+        if not a.flood:
+            listener = serve_raw(loop, server, a.port)
+            print(f"listening on {listener.getsockname()[1]}", flush=True)
+            await asyncio.Event().wait()
+        srv = await loop.create_server(server.protocol, "127.0.0.1", a.port, backlog=4096)
         print(f"listening on {srv.sockets[0].getsockname()[1]}", flush=True)
         await srv.serve_forever()
 

@@ -10,7 +10,7 @@ from contextlib import redirect_stderr
 from pathlib import Path
 
 from vllm_loadtest.locustfiles.plugin import check_options
-from vllm_loadtest.locustfiles.preflight import SetupError, check_run_dir, preflight
+from vllm_loadtest.locustfiles.preflight import SetupError, check_run_dir, preflight, remove_created
 
 from tests.helpers.inprocess import parse_options
 
@@ -25,12 +25,14 @@ def first_error(*args: str) -> str:
         lines = stderr.getvalue().splitlines()
         assert e.code == 3 and len(lines) == 1 and lines[0].startswith("error: "), (e.code, lines)
         return lines[0]
+    created: list[Path] = []
     try:
         check_options(options)
-        check_run_dir(Path(options.run_dir or "reports"))
+        created = check_run_dir(Path(options.run_dir or "reports"))
         if options.host:
             preflight(options)
     except (ValueError, SetupError) as e:
+        remove_created(created)  # as the plugin: a refused run leaves no folder it made
         message = str(e)
         assert message and "\n" not in message, repr(message)
         return f"error: {message}"

@@ -13,9 +13,11 @@ from tests.helpers.paths import ROOT
 class FakeServer:
     """Handle on a running tests/fakeserver.py process."""
 
+    script = "fakeserver.py"
+
     def __init__(self, args: list[str], port: int = 0) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "fakeserver.py"), "--port", str(port), *args],
+            [sys.executable, str(ROOT / "tests" / self.script), "--port", str(port), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -31,6 +33,11 @@ class FakeServer:
         with urllib.request.urlopen(self.url + path, timeout=10) as r:
             return json.load(r)
 
+    def post(self, path: str, body: dict) -> dict:
+        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST")
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return json.load(r)
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -38,3 +45,13 @@ class FakeServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
+
+
+class FakeDCGM(FakeServer):
+    """Handle on a running tests/fakedcgm.py process (a fake dcgm-exporter); its endpoint is `metrics_url`."""
+
+    script = "fakedcgm.py"
+
+    @property
+    def metrics_url(self) -> str:
+        return self.url + "/metrics"

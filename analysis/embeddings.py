@@ -1,0 +1,176 @@
+"""Embeddings per step (issue 19): inputs/s and prompt tok/s over the step's window with batch-means intervals, the
+E2E percentiles with order-statistic intervals (steps.csv's last section), and the console's "Embeddings" table,
+shown instead of the batching curve in an embeddings run (any record with inputs).
+
+An embeddings request does not stream: it has no TTFT, TPOT, ITL nor output tokens, so the batching curve's columns
+are all empty there; its throughput is inputs (and prompt tokens) completed per second, its latency E2E (the send
+stamp to the body's last byte). Rates count a request when it completes inside the window, as aggregate tok/s does,
+and get the same interval (analysis.uncertainty.rate_interval). Pure: no Locust.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from . import glossary
+from .glossary import numeric_column as _numbers
+from .glossary import percentile
+from .uncertainty import batch_count, halves, min_samples_for_quantile, quantile_interval, rate_interval
+
+EMBEDDINGS_COLUMNS = glossary.names(glossary.EMBEDDINGS)
+E2E_QUANTILES = (("e2e_p50_s", 0.50), ("e2e_p95_s", 0.95), ("e2e_p99_s", 0.99))
+RATES = ("inputs_per_s", "prompt_tok_s")
+FEW_MARK = "~"  # as the batching curve's: a percentile with too few samples for an interval
+
+
+def is_embeddings_run(records: pd.DataFrame) -> bool:
+    """Any record carries inputs (only an embeddings request does)."""
+    return "inputs" in records.columns and bool(pd.to_numeric(records["inputs"], errors="coerce").notna().any())
+
+
+def shown(table: pd.DataFrame) -> bool:
+    """An embeddings run's step table: some step has inputs_per_s."""
+    return "inputs_per_s" in table.columns and bool(pd.to_numeric(table["inputs_per_s"], errors="coerce").notna().any())
+
+
+def embedding_spans(records: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray | None]]:
+    """Every ok request's (start, end) and its inputs and prompt_tokens (NaN as 0 for the sums; None: no record
+    carries the field, so the rate is missing, not 0)."""
+    ok = (records["status"] == "ok").to_numpy()
+    starts = records["start_time"].to_numpy(dtype=float)[ok]
+    ends = (records["start_time"] + pd.to_numeric(records["e2e_s"], errors="coerce")).to_numpy(dtype=float)[ok]
+    weights: dict[str, np.ndarray | None] = {}
+    for rate, field in (("inputs_per_s", "inputs"), ("prompt_tok_s", "prompt_tokens")):
+        values = _numbers(records, field)[ok] if field in records.columns else np.full(int(ok.sum()), math.nan)
+        weights[rate] = None if np.isnan(values).all() else np.nan_to_num(values, nan=0.0)
+    return starts, ends, weights
+
+
+def embeddings_row(
+    ok: pd.DataFrame,
+    run_spans: tuple[np.ndarray, np.ndarray, dict[str, np.ndarray | None]],
+    window_start: float,
+    window_end: float,
+) -> dict:
+    """One row's embeddings columns (EMBEDDINGS_COLUMNS, in their order): rate = sum of the field over the ok requests
+    completed in [window_start, window_end) / window, batch means with k = batch_count(window, median E2E); E2E
+    percentiles of the measured ok requests with order-statistic intervals. `ok`: the step's measured ok requests."""
+    e2e = _numbers(ok, "e2e_s")
+    known = e2e[~np.isnan(e2e)]
+    median_e2e = float(np.median(known)) if known.size else math.nan
+    window = window_end - window_start
+    k = batch_count(window, median_e2e)
+    starts, ends, weights = run_spans
+    done = (ends >= window_start) & (ends < window_end)
+    row: dict = {}
+    for rate in RATES:
+        w = weights[rate]
+        if w is None or not window > 0:
+            row[rate] = row[f"{rate}_ci_low"] = row[f"{rate}_ci_high"] = math.nan
+            continue
+        ci = rate_interval(starts, ends, w, window_start, window_end, k)
+        row[rate] = float(w[done].sum() / window)
+        row[f"{rate}_ci_low"], row[f"{rate}_ci_high"] = ci.low, ci.high
+    halves_ = stability(run_spans, window_start, window_end, median_e2e) if window > 0 else None
+    row["inputs_per_s_first_half"], row["inputs_per_s_second_half"] = (
+        (math.nan, math.nan) if halves_ is None else (halves_[0], halves_[2])
+    )
+    for name, q in E2E_QUANTILES:
+        row[name] = percentile(e2e, q * 100)
+        ci = quantile_interval(e2e, q)
+        row[f"{name}_ci_low"], row[f"{name}_ci_high"] = ci.low, ci.high
+    return {name: row[name] for name in EMBEDDINGS_COLUMNS}
+
+
+def run_rates(
+    run_spans: tuple[np.ndarray, np.ndarray, dict[str, np.ndarray | None]], windows: list[tuple[float, float]]
+) -> dict:
+    """The whole run's inputs/s and prompt tok/s: the sums over every measured window / the windows' total length."""
+    _starts, ends, weights = run_spans
+    total = sum(max(b - a, 0.0) for a, b in windows)
+    out = {}
+    for rate in RATES:
+        w = weights[rate]
+        if w is None or not total > 0:
+            out[rate] = math.nan
+            continue
+        done = np.zeros(ends.size, dtype=bool)
+        for a, b in windows:
+            done |= (ends >= a) & (ends < b)
+        out[rate] = float(w[done].sum() / total)
+    return out
+
+
+def stability(
+    run_spans: tuple[np.ndarray, np.ndarray, dict[str, np.ndarray | None]],
+    window_start: float,
+    window_end: float,
+    median_e2e: float,
+) -> tuple[float, float, float, float] | None:
+    """(first half, its half-width, second half, its half-width) of inputs/s, for knee.stable; None without inputs."""
+    _starts, ends, weights = run_spans
+    w = weights["inputs_per_s"]
+    if w is None:
+        return None
+    k = batch_count(window_end - window_start, median_e2e)
+    done = (ends >= window_start) & (ends < window_end)
+    first, second = halves(ends[done], w[done], window_start, window_end, k)
+    return first.value, first.half_width, second.value, second.half_width
+
+
+def _few(row: dict, q: float) -> bool:
+    n = row.get("requests")
+    return n is not None and not pd.isna(n) and int(n) < min_samples_for_quantile(q)
+
+
+def _half_width(row: dict, name: str) -> float:
+    try:
+        return (float(row.get(f"{name}_ci_high")) - float(row.get(f"{name}_ci_low"))) / 2
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def console_lines(table: pd.DataFrame) -> list[str]:
+    """The console's "Embeddings" table (step, users, requests, errors, inputs/s ± CI, prompt tok/s ± CI, E2E
+    p50/p95/p99, ~ on a percentile with too few samples); nothing outside an embeddings run."""
+    if not len(table) or not shown(table):
+        return []
+    return [glossary.SECTIONS[glossary.EMBEDDINGS].title, *glossary.aligned(marked_rows(table))]
+
+
+def marked_rows(table: pd.DataFrame) -> list[list[str]]:
+    """The Embeddings table's cells, header first, with '± half-width' after the rates and '~' after a percentile
+    with too few samples for an interval."""
+    section = glossary.SECTIONS[glossary.EMBEDDINGS]
+    names = [c.name for c, _ in section.shown()]
+    rows = glossary.console_rows(table, glossary.EMBEDDINGS)
+    for cells, r in zip(rows[1:], table.to_dict(orient="records")):
+        for rate in RATES:
+            i = names.index(rate)
+            hw = _half_width(r, rate)
+            if cells[i] != "-" and not math.isnan(hw):
+                cells[i] += f" ±{hw:.1f}"
+        for name, q in E2E_QUANTILES:
+            i = names.index(name)
+            if cells[i] != "-" and _few(r, q):
+                cells[i] += FEW_MARK
+    return rows
+
+
+def throughput_text(row: pd.Series | dict) -> str:
+    """A step's inputs/s with its interval's half-width when there is one: '412 ± 9 inputs/s'."""
+    y = _as_float(row.get("inputs_per_s"))
+    hw = _half_width(dict(row), "inputs_per_s")
+    if math.isnan(hw):
+        return f"{y:.0f} inputs/s"
+    return f"{y:.0f} ± {hw:.0f} inputs/s"
+
+
+def _as_float(v: object) -> float:
+    try:
+        return math.nan if v is None else float(v)
+    except (TypeError, ValueError):
+        return math.nan
