@@ -47,6 +47,10 @@ REFRESH_MIN_S = 1.0  # the live table is recomputed at most this often, however 
 # of the event loop, which also receives the workers' records (and, in a local run, stamps every stream). A long
 # run's table is then refreshed less often, and the intake is never slowed down by it.
 LIVE_SHARE = 0.2
+# A started run's test_start listeners (the suite's detects the server, reads its tokenizer and /metrics: ~0.5 s, more
+# on a loaded machine) run before Locust sets the state to spawning: for at most this long after a successful
+# POST /swarm, an answer of /stats/requests that still says "ready" (or "stopped") says "spawning" (see _inject).
+START_GRACE_S = 120.0
 
 
 def refresh_hold_s(compute_s: float) -> float:
@@ -100,9 +104,14 @@ class LLMTab:
         self.live = LiveRecords()  # the finished requests of the current (or last) run
         self.run_dir: Path | None = None  # the current (or last) run's
         self._final: LiveView | None = None  # the last run's view, once its end has been written
-        self._cache: tuple[float, LiveView] = (0.0, LiveView())
+        # (monotonic time, runner state, view) of the last computation: served to every poll for _hold_s while the
+        # runner's state is the one it was computed under.
+        self._cache: tuple[float, str | None, LiveView] = (0.0, None, LiveView())
         self._hold_s = REFRESH_MIN_S  # how long the cached view is served (refresh_hold_s of its computation)
         self._computing = False  # a computation of the live table is running (in gevent's thread pool)
+        self._compute_lock = None  # a gevent lock, made on first use: one computation at a time
+        # (monotonic time, state then) of the last successful POST /swarm that started a run (from ready or stopped)
+        self._started: tuple[float, str] | None = None
         self._scrapes = live_charts.ScrapeTail(None)  # the run's metrics.jsonl, read incrementally for the charts
         self._charts: tuple[float, bytes] = (-math.inf, b"")
         self._latency = live_charts.LatencyBins()  # the charts' time bins: only the last ones are recomputed
@@ -149,7 +158,7 @@ class LLMTab:
         self.run_dir = Path(run_dir) if run_dir else None
         self.live.reset()
         self._final = None
-        self._cache, self._hold_s = (0.0, LiveView()), REFRESH_MIN_S
+        self._cache, self._hold_s = (0.0, None, LiveView()), REFRESH_MIN_S
         self._charts = (-math.inf, b"")
         self._latency = live_charts.LatencyBins()
         model = environment.parsed_options.model or None  # as the scraper keeps only this model's samples
@@ -165,7 +174,7 @@ class LLMTab:
         # Listens after the plugin's test_stop: every worker's records have arrived and run.json holds the final
         # timeline, so these rows are the final table's, kept until the next run.
         self._final = None
-        self._cache, self._hold_s = (0.0, LiveView()), REFRESH_MIN_S
+        self._cache, self._hold_s = (0.0, None, LiveView()), REFRESH_MIN_S
         try:
             self._final = self._compute()
         except Exception:  # the LLM tab must never fail the run (an exception here would set its exit code)
@@ -176,21 +185,41 @@ class LLMTab:
         return self.view().rows
 
     def view(self) -> LiveView:
-        """The run so far, recomputed at most every refresh_hold_s(its last computation), however many poll."""
-        now = time.monotonic()
-        if now - self._cache[0] < self._hold_s or self._computing:
-            return self._cache[1]  # a poll during a computation (in its thread) gets the last view, starts no other
-        self._computing = True
-        try:
-            view = self._compute()
-        finally:
-            self._computing = False
-        self._cache = (now, view)
-        self._hold_s = refresh_hold_s(time.monotonic() - now)
+        """The run so far, recomputed at most every refresh_hold_s(its last computation), however many poll, and
+        at once when the runner's state changed since.
+
+        Locust's page polls /stats/requests only while the state is spawning or running: the first answer with any
+        other state (cleanup, stopping, stopped) is the last the page gets, and its rows stay on screen. A cached
+        view from before that change must never be that answer (seen in CI: a view with no rows yet, held for
+        seconds after a slow first computation, was served at the run's cleanup, and the page stayed empty)."""
+        import gevent.lock
+
+        state = str(self.environment.runner.state)
+        at, cached_state, cached = self._cache
+        if cached_state == state and (time.monotonic() - at < self._hold_s or self._computing):
+            return cached  # a poll during a computation (in its thread) gets the last view, starts no other
+        if self._compute_lock is None:
+            self._compute_lock = gevent.lock.Semaphore()
+        with self._compute_lock:  # a poll that needs a fresh view waits for the computation in flight, then decides
+            at, cached_state, cached = self._cache
+            state = str(self.environment.runner.state)
+            if cached_state == state and time.monotonic() - at < self._hold_s:
+                return cached  # computed while this poll waited
+            now = time.monotonic()
+            self._computing = True
+            try:
+                view = self._compute(state)
+            finally:
+                self._computing = False
+            self._cache = (now, state, view)
+            # A view without rows (no timeline or no record yet) says nothing about what the next one costs; the
+            # first computation also pays for imports, which must not hold an empty table on screen for seconds.
+            self._hold_s = refresh_hold_s(time.monotonic() - now) if view.rows else REFRESH_MIN_S
         self._read_scrapes()  # with Locust's own polling too: the charts find the scrapes read when they open
         return view
 
-    def _compute(self) -> LiveView:
+    def _compute(self, state: str | None = None) -> LiveView:
+        """The tab's rows and the charts' inputs from the records so far, labelled by the runner's `state`."""
         if self._final is not None:
             return self._final
         timeline = (read_run(self.run_dir).get("timeline") or []) if self.run_dir is not None else []
@@ -198,7 +227,7 @@ class LLMTab:
         if not timeline:
             return LiveView(now=now)
         gauges = latest_gauges(self.latest_samples(), self.environment.parsed_options.model or None)
-        running = self.environment.runner.state in ("spawning", "running")
+        running = (state if state is not None else self.environment.runner.state) in ("spawning", "running")
         # The table is computed on every record so far (seconds in a long, fast run): in a native thread, so the
         # event loop goes on receiving the workers' records meanwhile (the GIL changes hands every 5 ms); the columns
         # are copied here, where records are appended.
@@ -211,11 +240,40 @@ class LLMTab:
             rows.append(_row("whole run", whole, gauges))
         return LiveView(rows, table if len(table) else None, timeline, records, now)
 
+    def _note_start(self, response: Response) -> None:
+        """A successful POST /swarm while no run is going on: a run is starting (see _starting_state)."""
+        try:
+            started = response.status_code == 200 and bool(json.loads(response.get_data()).get("success"))
+        except Exception:  # not JSON: not a start
+            started = False
+        state = str(self.environment.runner.state)
+        if started and state in ("ready", "stopped"):
+            self._started = (time.monotonic(), state)
+
+    def _starting_state(self, state: str) -> str:
+        """The state the page is told: "spawning" while a started run's test_start is still running.
+
+        Locust fires test_start before it sets the state to spawning, and its page, which set itself to running when
+        the start succeeded, takes an answer saying "ready" for the truth: it shows the start form again and stops
+        polling, with the run going on behind it (seen in a browser test: the page received only "ready" answers,
+        one of them 2 s after the start, and its LLM tab stayed empty for good)."""
+        if self._started is None:
+            return state
+        at, before = self._started
+        if state != before or time.monotonic() - at > START_GRACE_S:
+            self._started = None  # Locust's own state has moved on (or the start never went through)
+            return state
+        return "spawning"
+
     def _inject(self, response: Response) -> Response:
+        if request.path.endswith("/swarm") and request.method == "POST":
+            self._note_start(response)
+            return response
         if not request.path.endswith("/stats/requests") or response.status_code != 200:  # also under a base path
             return response
         try:
             data = json.loads(response.get_data())
+            data["state"] = self._starting_state(str(data.get("state")))
             data["extended_stats"] = [{"key": TAB, "data": self.rows()}]
             response.set_data(json.dumps(data))
         except Exception:  # the LLM tab must never break Locust's own stats page

@@ -88,3 +88,49 @@ def test_plotly_is_served_whole_and_cached(tab):
     assert again.status_code == 304 and not again.data
     page = client.get("/llm/charts")
     assert page.status_code == 200 and b'src="plotly.min.js"' in page.data and b'fetch("charts.json"' in page.data
+
+
+def test_a_change_of_the_runners_state_is_never_answered_from_the_cache(tab, tmp_path, monkeypatch):
+    """Locust's page stops polling at its first answer whose state is not spawning/running: that answer must be
+    computed under the new state, however long the last computation is otherwise held (seen in CI: an empty view
+    held at the run's cleanup left the page empty for good)."""
+    start_run(tab, tmp_path, scrapes=1)
+    runner = tab.environment.runner
+    computed = []
+    original = tab._compute
+    monkeypatch.setattr(tab, "_compute", lambda state=None: computed.append(state) or original(state))
+    monkeypatch.setattr(webui, "refresh_hold_s", lambda compute_s: 3600.0)  # as if each computation were slow
+    runner.state = "running"
+    tab.view()
+    tab.view()
+    assert computed == ["running"]
+    # No record yet, so no rows: such a view is held no longer than the minimum, whatever it cost.
+    assert tab._hold_s == webui.REFRESH_MIN_S
+    tab._cache = (time.monotonic(), "running", webui.LiveView(rows=[{"scope": "current step"}]))
+    tab._hold_s = 3600.0
+    assert tab.view().rows == [{"scope": "current step"}] and computed == ["running"]  # held: same state
+    runner.state = "cleanup"
+    tab.view()
+    assert computed == ["running", "cleanup"]
+    tab.view()
+    assert computed == ["running", "cleanup"]  # and then held again under the new state
+
+
+def test_a_started_run_is_spawning_to_the_page_while_its_test_start_runs(tab):
+    """Locust fires test_start before it sets the state to spawning; the page, already showing the run, took a
+    "ready" answer in between for the truth and went back to the start form, polling no more."""
+    from flask import Response
+
+    runner = tab.environment.runner
+    runner.state = "ready"
+    tab._note_start(Response('{"success": false, "message": "bad input"}'))
+    assert tab._starting_state("ready") == "ready"  # a refused start starts nothing
+    tab._note_start(Response('{"success": true}'))
+    assert tab._starting_state("ready") == "spawning"
+    assert tab._starting_state("running") == "running"
+    assert tab._starting_state("ready") == "ready"  # Locust's state moved on: the override is over
+    runner.state = "stopped"  # a second run, started from the finished one's page
+    tab._note_start(Response('{"success": true}'))
+    assert tab._starting_state("stopped") == "spawning"
+    tab._started = (time.monotonic() - webui.START_GRACE_S - 1, "stopped")
+    assert tab._starting_state("stopped") == "stopped"  # a start that never went through is not spawning forever

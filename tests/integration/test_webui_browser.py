@@ -210,8 +210,12 @@ def start_run(page, tmp_path: Path, states: list, *, steps: str, duration: str, 
             assert field.input_value() == value, label
         page.get_by_label(re.compile(r"^Ignore Eos\b")).check()
         screenshot(page, tmp_path / "form.png")
+        clicked = time.time()
         page.get_by_role("button", name=re.compile(r"^start$", re.IGNORECASE)).click()
         page.wait_for_function(STARTED_JS, timeout=30_000)
+        page.wait_for_timeout(3000)  # more than one poll: the page must stay on the run (locustfiles/webui.py)
+        after = [s for t, s in states if t > clicked]
+        assert "ready" not in after, f"after START the page was told 'ready' and went back to the form: {after}"
 
 
 def swarm_status(page) -> str:
