@@ -6,8 +6,7 @@ test carries at least one (a module's `pytestmark` or the test's own mark; `vllm
 the `vllm_server` fixture); `unit` goes with none of the others. Collection stops with the list of tests that carry
 none, and a test that starts a Locust process without `e2e`, or Chromium without `browser`, fails.
 `serial` marks the tests that measure timing or load the machine: they never run beside others. `make test` runs
-the unit and e2e tests under pytest-xdist (its workers are not patched for gevent: tests/helpers/monkey.py), then
-the `serial` and `vllm` ones in one process.
+only `e2e` tests under pytest-xdist (its workers are not patched for gevent: tests/helpers/monkey.py).
 """
 
 from __future__ import annotations

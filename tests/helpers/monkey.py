@@ -3,10 +3,8 @@ module before anything imports Locust, as tests/conftest.py does.
 
 A pytest-xdist worker gets no patching at all: it waits for its next test on events that a real thread sets, which
 a patched `threading` breaks (the worker blocks forever), and a half-patched process (threads left alone) hangs in
-tests that mix real threads or Playwright with gevent. `make test` gives the workers the `e2e` tests, which use
-Locust through its own processes, and the unit tests, whose in-process Locust runs use gevent's own sockets and
-sleeps (they pass unpatched); the `serial` ones, which measure timing in this process, run without -n, patched as
-Locust is.
+tests that mix real threads or Playwright with gevent. `make test` gives the workers only `e2e` tests, which use
+Locust through its own processes; the tests that run Locust in this process run without -n, patched as Locust is.
 """
 
 import os
