@@ -27,6 +27,11 @@ def test_the_server_dying_and_coming_back_mid_run(tmp_path):
     )  # fmt: skip
     second = None
     try:
+        # Killed 3 s into the load, not 3 s after Locust's start: on a loaded machine Locust took longer than that to
+        # start, and its preflight then met no server at all (exit 3).
+        deadline = time.monotonic() + 60
+        while first.get("/stats")["ok"] == 0 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
         time.sleep(3)
         first.proc.kill()
         first.proc.wait(5)
