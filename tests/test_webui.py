@@ -14,7 +14,7 @@ import urllib.error
 import pandas as pd
 import pytest
 
-from tests.helpers.net import free_port, get, post, wait_for
+from tests.helpers.net import BUILD_TIMEOUT_S, free_port, get, post, wait_for
 from tests.helpers.paths import LOCUSTFILE, ROOT
 
 pytestmark = pytest.mark.e2e
@@ -64,8 +64,8 @@ def test_llm_tab_live_rows_in_a_distributed_run_match_the_final_table(fake_serve
         while final and final[0]["scope"] != "last step" and time.monotonic() < deadline + 10:
             time.sleep(0.3)  # the run's end is being written; the tab switches to its final numbers after that
             final = llm_rows(ui)
-        report_so_far = get(ui + "/llm/report.html").decode()
-        records_download = get(ui + "/llm/requests.parquet")
+        report_so_far = get(ui + "/llm/report.html", BUILD_TIMEOUT_S).decode()
+        records_download = get(ui + "/llm/requests.parquet", BUILD_TIMEOUT_S)
         assert not any("SECRET" in json.dumps(r) for r in seen)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

@@ -16,8 +16,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=10) as r:
+# A download the web UI builds in a subprocess (report.html, requests.parquet: python, pandas and plotly starting) took
+# over 10 s beside the parallel e2e tests on 2 cores (CI, 2026-12-03).
+BUILD_TIMEOUT_S = 120
+
+
+def get(url: str, timeout: float = 10) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.read()
 
 
