@@ -207,7 +207,10 @@ def test_a_worker_that_cannot_write_its_own_run_directory_warns_and_ships(fake_s
     run_dir = master_cwd / "out" / "run"
     assert not (worker_cwd / "out").is_dir() and not list((run_dir / "records").glob("*.jsonl"))
     summary = orjson.loads((run_dir / "summary.json").read_bytes())
-    assert summary["requests"] > 0 and summary["integrity"]["requests_match"], summary["integrity"]
+    # Every request the server finished was shipped: ok, or cut off at the stop after the server's last byte and
+    # before the client read it (213 finished, 212 ok and 1 cut off in a fresh clone's parallel pytest, 2026-12-03).
+    check = summary["integrity"]
+    assert summary["requests"] > 0 and check["requests_within"] and not check["mismatch"], check
     assert (
         sum(len(p.read_bytes().splitlines()) for p in (run_dir / "records" / "received").glob("*.jsonl"))
         == (summary["requests"])
