@@ -3,6 +3,7 @@ the API key appears nowhere a run leaves behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -46,9 +47,25 @@ def test_server_text_is_escaped_in_the_report(fake_server, tmp_path):
     assert KEY not in proc.stdout + proc.stderr
 
 
+def wait_for_error(ui: str, text: str, timeout_s: float) -> list[str]:
+    """The error messages Locust's /stats/requests lists once one contains `text`; [] if none did in time."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        errors = [e["error"] for e in json.loads(get(ui + "/stats/requests"))["errors"]]
+        if any(text in e for e in errors) or time.monotonic() > deadline:
+            return [e for e in errors if text in e]
+        time.sleep(0.5)
+
+
 @pytest.mark.browser
 def test_server_text_and_the_key_stay_out_of_the_web_ui(fake_server, tmp_path):
-    server = fake_server("--hostile", "--model", HOSTILE + "model", "--faults", "http_500=4", "--api-key", KEY)
+    # Short, fast responses: with the default 256 tokens at 10 ms each, two users sent only 4 requests in the 3 s step,
+    # and on a loaded 2-core machine (CI, 2026-12-03) the first two were still streaming when it ended, so the 4th
+    # request, the failing one, was never sent and the failures table stayed empty.
+    server = fake_server(
+        "--hostile", "--model", HOSTILE + "model", "--faults", "http_500=4", "--api-key", KEY,
+        "--ttft-ms", "5", "--itl-ms", "1", "--tokens", "8",
+    )  # fmt: skip
     port = free_port()
     ui = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
@@ -60,6 +77,8 @@ def test_server_text_and_the_key_stay_out_of_the_web_ui(fake_server, tmp_path):
         wait_for(ui + "/")
         post(ui + "/swarm", {"steps": "2", "step_duration": "3s", "step_warmup": "0s", "api_key": "********"})
         wait_for(ui + "/stats/requests")
+        errors = wait_for_error(ui, "injected http_500", timeout_s=60)
+        assert errors, "the run recorded no injected http_500 in 60 s"
         time.sleep(4)
         pages = {path: get(ui + path).decode() for path in ("/", "/stats/requests")}
         pages["/llm/report.html"] = get(ui + "/llm/report.html", BUILD_TIMEOUT_S).decode()
