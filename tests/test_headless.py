@@ -17,6 +17,7 @@ from vllm_loadtest.analysis.reasoning import REASONING_COLUMNS
 from vllm_loadtest.analysis.run import STEPS_FILE
 from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS
 from vllm_loadtest.analysis.server_metrics import SERVER_BOUND_COLUMNS, SERVER_COLUMNS
+from vllm_loadtest.analysis.sse import CUT_OFF
 from vllm_loadtest.analysis.steps import STEP_COLUMNS, UNCERTAINTY_COLUMNS
 
 from tests.helpers.net import free_port
@@ -61,10 +62,14 @@ def test_stepped_headless_run_writes_records_and_the_step_table(fake_server, tmp
         + GPU_COLUMNS
     )
     assert set(steps["end_reason"]) == {"fixed"}
-    # The fake server's /metrics was scraped: its counters match the client's records exactly.
+    # The fake server's /metrics was scraped: its counters match the client's records exactly, but for a stream cut
+    # off at the stop that the server had already sent whole (unread in its socket when the user was stopped, seen
+    # on a loaded machine: 3056 against 3040, one 16-token request). The server counts whole requests, so the
+    # difference is 16 tokens for each such stream, and never more of them than the records' cut-off ones.
     metrics = pd.read_parquet(run_dir / "metrics.parquet")
     last = metrics[metrics["metric"] == "vllm:generation_tokens_total"]["value"].iloc[-1]
-    assert last == records.query("status == 'ok'")["output_tokens"].sum()
+    extra = last - records.query("status == 'ok'")["output_tokens"].sum()
+    assert extra % 16 == 0 and 0 <= extra // 16 <= (records["error_type"] == CUT_OFF).sum(), extra
     assert (steps["kv_cache_usage_max"] > 0).all()
     assert list(steps["users"]) == [1, 2, 4] and list(steps["step"]) == [0, 1, 2]
     assert (steps["requests"] > 0).all() and (steps["errors"] == 0).all()
