@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: venv browser compose demo test test-fast lint bench clean
+.PHONY: venv vllm-install browser compose demo test test-stress test-fast coverage lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,27 +51,35 @@ demo: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 
-# Everything, including the integration tests against the embedded real vLLM (installed on first use). First the
-# `e2e` tests, which mostly wait while their Locust processes run, side by side (pytest-xdist, TEST_WORKERS
-# processes); then in one process the rest: the unit tests, the `serial` ones (they measure timing or load the
-# machine) and the `vllm` ones (one embedded server per session). The unit tests pass under xdist too, but beside
-# the e2e tests they overloaded this 2-core machine: a fresh clone's first pytest failed 4 timing-bound tests
-# (a distributed capacity search, a server restart, an in-process embeddings run, a browser wait) on 2026-12-02.
-# Each pytest ends with its summary line; the first that fails stops the target with a non-zero exit code.
-TEST_WORKERS ?= 3
-PARALLEL := -n $(TEST_WORKERS) --dist worksteal
+# vLLM's CPU build in its own venv and the tiny model, for the `vllm` tier (a no-op once installed).
+vllm-install: venv
+	$(PY) -m embedded_vllm install
 
-# --durations: the slowest tests of each pytest, printed after its summary, to keep the suite well under 30 minutes
-# (CI's clean clone took 33 minutes on 2026-12-02, before the real-vLLM adaptive test and the rate-mode capacity
-# search were shortened and the browser test's 90 s wait on a stale page was fixed).
-test: venv lint browser compose
-	$(PY) -m pytest $(PARALLEL) --durations=15 -m "e2e and not vllm and not serial"
-	$(PY) -m pytest --durations=25 -m "not e2e or vllm or serial"
+# Everything: the four tiers of tests/README.md in one pytest, side by side (pytest-xdist, TEST_WORKERS processes).
+# The `vllm` tests share one worker (the xdist group "vllm"), so each embedded server starts once per session; the
+# set-up targets run side by side first. --durations keeps the slowest tests in view (none may take over 60 s).
+TEST_WORKERS ?= 4
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30
 
-# Without root, Chromium or vLLM: the same, less the `vllm` and `browser` tests.
+test: venv
+	$(MAKE) -j4 --output-sync=target lint browser compose vllm-install
+	$(PYTEST)
+
+# The same while another process keeps one core busy: the suite must not notice (tests/README.md).
+test-stress: venv
+	$(PY) -m tests.helpers.burner -- $(MAKE) test
+
+# Without root, Chromium or vLLM: the unit and contract tiers only.
 test-fast: venv lint
-	$(PY) -m pytest $(PARALLEL) -m "e2e and not vllm and not browser and not serial"
-	$(PY) -m pytest -m "(not e2e or serial) and not vllm and not browser"
+	$(PYTEST) -m "not vllm and not browser"
+
+# Line coverage of analysis/, locustfiles/ and embedded_vllm/ over the whole suite, Locust's subprocesses included
+# (pyproject.toml's [tool.coverage]); the table is written to coverage.txt.
+coverage: venv
+	$(MAKE) -j4 --output-sync=target lint browser compose vllm-install
+	rm -f .coverage .coverage.*
+	$(PYTEST) $(foreach d,analysis locustfiles embedded_vllm,--cov=$(CURDIR)/$(d)) --cov-report=term:skip-covered \
+		| tee coverage.txt
 
 bench: venv
 	$(PY) -m tests.benchmarks.bench_parse

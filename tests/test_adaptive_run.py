@@ -14,7 +14,7 @@ from vllm_loadtest.analysis.uncertainty import batch_count, batch_means, min_sam
 
 from tests.helpers.runs import locust
 
-pytestmark = [pytest.mark.e2e, pytest.mark.serial]
+pytestmark = [pytest.mark.contract]
 
 
 def run(server, run_dir, *args: str):

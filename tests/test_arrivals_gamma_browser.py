@@ -8,7 +8,7 @@ from tests.browser import open_page, require_chromium
 from tests.helpers.runs import locust
 from tests.test_report_browser import ALL_RENDERED_JS, CHARTS_JS
 
-pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+pytestmark = [pytest.mark.contract, pytest.mark.browser]
 
 TITLE_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
     .map(gd => (gd._fullLayout && gd._fullLayout.title && gd._fullLayout.title.text) || '')"""

@@ -29,7 +29,7 @@ def one_error_line(proc) -> str:
     return errors[0]
 
 
-@pytest.mark.e2e
+@pytest.mark.contract
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
@@ -46,7 +46,7 @@ def test_a_run_with_bad_input_stops_with_one_line_exit_3_and_nothing_sent(fake_s
     assert server.get("/stats")["requests"] == 0
 
 
-@pytest.mark.e2e
+@pytest.mark.contract
 def test_a_prompt_file_is_used_in_turn(fake_server, tmp_path):
     server = fake_server("--ttft-ms", "2", "--itl-ms", "1")
     path = tmp_path / "prompts.json"

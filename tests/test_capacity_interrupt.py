@@ -12,7 +12,7 @@ import pytest
 from tests.helpers.paths import ROOT
 from tests.helpers.runs import locust_command, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 
 @pytest.mark.parametrize(("mode", "sig"), [("users", signal.SIGINT), ("rate", signal.SIGTERM)])

@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers.runs import locust
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 SLOTS = ["--ttft-ms", "20", "--itl-ms", "5", "--tokens", "32", "--max-running", "8"]
 SEARCH = ["--slo", "ttft_p95=100ms", "--step-duration", "6s", "--step-warmup", "1s", "--max-tokens", "32"]
@@ -98,7 +98,6 @@ def test_users_mode_finds_the_8_slots(fake_server, tmp_path):
     assert_server_finished_only_recorded_requests(records, server.get("/stats")["ok"])
 
 
-@pytest.mark.serial
 def test_rate_mode_finds_a_rate_below_the_ceiling(fake_server, tmp_path):
     # Serial: the verdicts between 28 and 34 req/s rest on a p95 of ~150 requests (too few for its interval, so
     # judged on its value) that CPU contention moves across the limit (two runs side by side on 2 cores gave 30 and

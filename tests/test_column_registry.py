@@ -48,7 +48,7 @@ def real_run(tmp_path_factory):
     return run_dir, proc.stdout
 
 
-@pytest.mark.e2e
+@pytest.mark.contract
 def test_every_column_a_real_run_writes_is_declared_in_the_glossary(real_run):
     run_dir, _ = real_run
     steps = pd.read_csv(run_dir / "steps.csv")
@@ -60,7 +60,7 @@ def test_every_column_a_real_run_writes_is_declared_in_the_glossary(real_run):
     assert undeclared(["ttft_p50_s", "brand_new_metric_s"], STEP_SECTIONS) == ["brand_new_metric_s"]
 
 
-@pytest.mark.e2e
+@pytest.mark.contract
 def test_the_derived_lists_are_the_columns_written_in_order(real_run):
     run_dir, _ = real_run
     steps = pd.read_csv(run_dir / "steps.csv")
@@ -90,7 +90,7 @@ def test_the_derived_lists_are_the_columns_written_in_order(real_run):
     assert set(FIELDS) <= set(SCHEMA.names) and {"ttft_s", "e2e_s", "tpot_s", "output_tokens"} <= set(FIELDS)
 
 
-@pytest.mark.e2e
+@pytest.mark.contract
 def test_the_console_shows_the_glossary_headers(real_run):
     run_dir, stdout = real_run
     table = pd.read_csv(run_dir / "steps.csv")
@@ -108,7 +108,7 @@ def test_the_console_shows_the_glossary_headers(real_run):
         assert header == expected, (section, header)
 
 
-@pytest.mark.e2e
+@pytest.mark.contract
 @pytest.mark.browser
 def test_the_reports_step_table_has_the_glossary_titles_in_ms_and_scrolls_sideways(real_run):
     from tests.browser import chromium, open_page

@@ -19,7 +19,7 @@ from vllm_loadtest.analysis.uncertainty import quantile_interval
 from tests.helpers.paths import ROOT
 from tests.helpers.runs import locust
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from tests.helpers.net import free_port
 from tests.helpers.paths import ROOT
 from tests.helpers.runs import kill_still_running
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 
 def test_compose_commands_run_a_complete_distributed_run(fake_server, tmp_path):

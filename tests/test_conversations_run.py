@@ -17,7 +17,7 @@ from vllm_loadtest.analysis.run import STEPS_FILE
 
 from tests.helpers.runs import locust
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 TOKENS = 6  # max_tokens: the fake server streams " tok1 ... tok6"
 ANSWER = "".join(f" tok{i}" for i in range(1, TOKENS + 1))

@@ -12,7 +12,7 @@ import pytest
 from tests.fakeserver import count_tokens
 from tests.helpers.runs import locust
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 QUICK = ["--steps", "2", "--step-duration", "2s", "--step-warmup", "0s", "--max-tokens", "4", "--stop-timeout", "10"]
 

@@ -51,7 +51,7 @@ def test_no_knee():
     assert d.knee_step is None and d.binding == {} and "No knee" in d.text[0]
 
 
-@pytest.mark.e2e
+@pytest.mark.contract
 def test_report_is_self_contained_and_escapes_server_text(fake_server, tmp_path):
     from vllm_loadtest.analysis.report import REPORT_FILE, SUMMARY_FILE
 
@@ -70,7 +70,7 @@ def test_report_is_self_contained_and_escapes_server_text(fake_server, tmp_path)
     assert [s["users"] for s in summary["steps"]] == [1, 2]
 
 
-@pytest.mark.e2e
+@pytest.mark.contract
 def test_report_regenerates_from_a_copied_run_dir_and_overlays_compared_runs(fake_server, tmp_path):
     """`python -m analysis report` on a copy rebuilds the same tables; --compare overlays another run's curves."""
     import shutil

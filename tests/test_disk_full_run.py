@@ -23,7 +23,7 @@ from tests.helpers.net import free_port
 from tests.helpers.paths import ROOT
 from tests.helpers.runs import kill_still_running, locust, locust_command, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 EXIT_WRITE_FAILED = 4
 # 8 users, 256-token answers at 1 ms a token: about 30 requests/s of 6.5 KB records, and a step far longer than the

@@ -20,7 +20,7 @@ from tests.helpers.net import free_port  # noqa: F401 - for modules that import 
 from tests.helpers.paths import ROOT
 from tests.helpers.runs import cluster, kill_still_running, locust, locust_command
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 STEPPED = ["--steps", "2,4,8", "--step-duration", "3s", "--step-warmup", "0s", "--max-tokens", "16"]
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers.runs import locust
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 
 def test_two_workers_send_and_ship_their_batches(fake_server, tmp_path):

@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers.runs import locust
 
-pytestmark = [pytest.mark.e2e, pytest.mark.serial]
+pytestmark = [pytest.mark.contract]
 
 
 def test_every_request_carries_its_batch_and_e2e_is_the_servers_within_2_ms(fake_server, tmp_path):

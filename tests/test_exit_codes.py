@@ -8,7 +8,7 @@ import pytest
 from tests.helpers.paths import ROOT
 from tests.helpers.runs import locust, locust_command
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 RUN = ["--steps", "2", "--step-duration", "3s", "--step-warmup", "0s", "--max-tokens", "8"]
 

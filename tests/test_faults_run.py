@@ -10,7 +10,7 @@ from tests.helpers.paths import ROOT
 from tests.helpers.runs import locust_command
 from tests.helpers.servers import FakeServer
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 
 def test_the_server_dying_and_coming_back_mid_run(tmp_path):

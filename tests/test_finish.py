@@ -61,7 +61,7 @@ def finished_run(tmp_path_factory):
     return live, tmp / "run", report, copy
 
 
-@pytest.mark.e2e
+@pytest.mark.contract
 def test_report_on_a_copy_prints_what_the_live_run_printed(finished_run):
     live, run_dir, report, copy = finished_run
     # A broken --slo fails a headless run; `python -m analysis report` rebuilds the outputs and exits 0 as before.
@@ -79,7 +79,7 @@ def test_report_on_a_copy_prints_what_the_live_run_printed(finished_run):
     assert any("MISMATCH" not in line for line in section(live_text, "Integrity check"))
 
 
-@pytest.mark.e2e
+@pytest.mark.contract
 def test_the_files_of_both_ends_agree(finished_run):
     _, run_dir, _, copy = finished_run
     pd.testing.assert_frame_equal(pd.read_csv(copy / "steps.csv"), pd.read_csv(run_dir / "steps.csv"))
@@ -90,7 +90,7 @@ def test_the_files_of_both_ends_agree(finished_run):
     assert live["errors"]["http_500"] > 0
 
 
-@pytest.mark.e2e
+@pytest.mark.contract
 def test_one_outcome_feeds_the_console_the_files_and_the_report(finished_run, tmp_path):
     _, run_dir, _, _ = finished_run
     again = tmp_path / "again"
@@ -116,7 +116,7 @@ def test_one_outcome_feeds_the_console_the_files_and_the_report(finished_run, tm
     assert "as the outcome says" in page and "only the outcome holds" in page and "An integrity line" in page
 
 
-@pytest.mark.e2e
+@pytest.mark.contract
 def test_the_snapshot_writes_nothing_into_the_run_directory(finished_run, tmp_path):
     _, run_dir, _, _ = finished_run
     snap = tmp_path / "snap"

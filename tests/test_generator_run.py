@@ -25,7 +25,7 @@ from vllm_loadtest.analysis.steps import UNCERTAINTY_COLUMNS
 
 from tests.helpers.runs import cluster, locust
 
-pytestmark = [pytest.mark.e2e, pytest.mark.serial]
+pytestmark = [pytest.mark.contract]
 
 
 def test_a_single_overloaded_process_is_flagged_generator_bound(fake_server, tmp_path):

@@ -20,7 +20,7 @@ from tests.helpers.paths import ROOT
 from tests.helpers.runs import kill_still_running, locust, locust_command, wait_until
 from tests.helpers.servers import FakeDCGM
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 SCRAPE = ("--scrape-interval", "0.25")
 FIELDS = ("util", "sm_active", "dram_active", "fb_used_mib", "power_w")

@@ -24,7 +24,7 @@ from tests.helpers.net import free_port
 from tests.helpers.paths import LOCUSTFILE, ROOT  # noqa: F401 - LOCUSTFILE: for modules that import it from here
 from tests.helpers.runs import locust, locust_command, short_run, wait_until  # noqa: F401 - short_run: likewise
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 
 def test_stepped_headless_run_writes_records_and_the_step_table(fake_server, tmp_path):

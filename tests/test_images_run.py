@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers.runs import locust, short_run
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 TEXT_FAST = ("--ttft-ms", "5", "--itl-ms", "2")
 

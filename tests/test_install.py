@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers.paths import ROOT
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 # The installed tool only: no checkout on the path (a developer's PYTHONPATH would put its copies first).
 CLEAN_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 

@@ -4,7 +4,7 @@ import pytest
 
 from tests.helpers.runs import locust
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 
 def test_report_shows_a_mismatch_when_someone_else_used_the_server(fake_server, tmp_path):

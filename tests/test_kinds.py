@@ -1,5 +1,6 @@
 """The test kinds (tests/conftest.py): a test without one, or with `unit` and another, stops the collection; a test
-that starts a Locust process must be `e2e`, one that launches Chromium `browser`; `vllm_server` makes a test `vllm`."""
+that starts a Locust process must be `contract`, one that launches Chromium `browser`; `vllm_server` makes a test
+`vllm`."""
 
 import subprocess
 import sys
@@ -33,8 +34,8 @@ def test_a_test_without_a_kind_or_with_unit_and_another_stops_the_collection(tmp
             pass
 
         @pytest.mark.unit
-        @pytest.mark.e2e
-        def test_unit_and_e2e():
+        @pytest.mark.contract
+        def test_unit_and_contract():
             pass
 
         @pytest.mark.unit
@@ -43,8 +44,8 @@ def test_a_test_without_a_kind_or_with_unit_and_another_stops_the_collection(tmp
         """,
     )
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout + proc.stderr
-    assert "no kind (unit / e2e / vllm / browser): test_sample.py::test_no_kind" in proc.stderr
-    assert "unit together with another kind (e2e, unit): test_sample.py::test_unit_and_e2e" in proc.stderr
+    assert "no kind (unit / contract / vllm / browser): test_sample.py::test_no_kind" in proc.stderr
+    assert "unit together with another kind (contract, unit): test_sample.py::test_unit_and_contract" in proc.stderr
     assert "test_fine" not in proc.stderr
 
 
@@ -62,12 +63,12 @@ def test_what_a_test_does_must_match_its_kind(tmp_path):
         def test_unit_starting_locust():
             subprocess.run(["true", "-m", "locust"])
 
-        @pytest.mark.e2e
-        def test_e2e_starting_locust():
+        @pytest.mark.contract
+        def test_contract_starting_locust():
             assert subprocess.run(["true", "-m", "locust"]).returncode == 0
 
-        @pytest.mark.e2e
-        def test_e2e_launching_chromium():
+        @pytest.mark.contract
+        def test_contract_launching_chromium():
             with chromium():
                 pass
 
@@ -79,6 +80,6 @@ def test_what_a_test_does_must_match_its_kind(tmp_path):
     )
     out = proc.stdout
     assert proc.returncode == pytest.ExitCode.TESTS_FAILED, out + proc.stderr
-    assert "test_sample.py::test_unit_starting_locust starts a Locust process but is not marked e2e" in out
-    assert "test_sample.py::test_e2e_launching_chromium launches Chromium but is not marked browser" in out
+    assert "test_sample.py::test_unit_starting_locust starts a Locust process but is not marked contract" in out
+    assert "test_sample.py::test_contract_launching_chromium launches Chromium but is not marked browser" in out
     assert "2 failed, 1 passed, 1 deselected" in out  # the vllm_server test is vllm: deselected, never started

@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers.runs import locust
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 TTFT_MS, ITL_MS, TOKENS, SLOTS = 20, 5, 32, 8
 

@@ -16,7 +16,7 @@ from tests.helpers.net import free_port
 from tests.helpers.paths import ROOT
 from tests.helpers.runs import kill_still_running
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 
 def as_here(command: list[str]) -> list[str]:

@@ -25,7 +25,7 @@ def test_locusts_stop_no_longer_looks_up_its_caller():
     assert locust.runners.inspect.getframeinfo is inspect.getframeinfo  # the rest of inspect as it is
 
 
-@pytest.mark.e2e
+@pytest.mark.contract
 def test_the_requests_in_flight_at_the_stop_are_ok_and_not_measured(fake_server, tmp_path):
     # 300 ms streams, users started together: the run stops with every user mid-stream, and --stop-timeout lets
     # them finish, so their records are ok (and exact) but outside every step's window.

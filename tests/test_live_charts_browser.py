@@ -18,7 +18,7 @@ from tests.browser import chromium, open_page, png_size, require_chromium, scree
 from tests.helpers.net import free_port, get, post, wait_for
 from tests.helpers.runs import start_locust, wait_until
 
-pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+pytestmark = [pytest.mark.contract, pytest.mark.browser]
 
 HOSTILE = "<script>alert('x')</script>"
 CHARTS_LINK = re.compile(r"LLM: live charts")

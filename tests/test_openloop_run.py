@@ -16,7 +16,7 @@ from vllm_loadtest.analysis.schedule import arrival_times
 
 from tests.helpers.runs import locust
 
-pytestmark = [pytest.mark.e2e, pytest.mark.serial]
+pytestmark = [pytest.mark.contract]
 
 
 def run(server, run_dir, *args: str, report: bool = False):

@@ -188,7 +188,6 @@ def test_the_end_of_a_run_says_it_in_the_console_summary_and_report(tmp_path):
     assert outcome.errors_over_limit  # errors over --max-error-rate still fail the run
 
 
-@pytest.mark.serial  # its counts and its stop follow the clock
 def test_users_backing_off_from_a_refused_port_stop_at_once(tmp_path):
     """In process, against a port nobody listens on: a few attempts a second, each a record, not a tight loop; and
     a user in its 1 s backoff is stopped at once even with a stop timeout (it waits as Locust's waiting state)."""

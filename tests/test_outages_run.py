@@ -18,7 +18,7 @@ from tests.helpers.paths import ROOT
 from tests.helpers.runs import locust_command, wait_until
 from tests.helpers.servers import FakeServer
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 USERS = 4
 

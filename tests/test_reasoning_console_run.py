@@ -20,7 +20,7 @@ from vllm_loadtest.analysis.steps import format_table
 
 from tests.helpers.runs import locust
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 TOKENS = 24
 

@@ -6,7 +6,7 @@ from vllm_loadtest.analysis.report import REPORT_FILE
 from tests.browser import PNG_SIGNATURE, chromium, open_page, png_size, require_chromium, screenshot
 from tests.helpers.runs import short_run
 
-pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+pytestmark = [pytest.mark.contract, pytest.mark.browser]
 
 VIEWPORT = (1400, 900)
 

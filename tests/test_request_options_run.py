@@ -18,7 +18,7 @@ from tests.helpers.net import free_port, get, post, wait_for
 from tests.helpers.paths import LOCUSTFILE, ROOT
 from tests.helpers.runs import locust, short_run, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 FAST = ("--ttft-ms", "5", "--itl-ms", "1")
 SUITE_FIELDS = {"model", "max_tokens", "temperature", "stream", "stream_options"}

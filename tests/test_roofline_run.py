@@ -19,7 +19,7 @@ from vllm_loadtest.analysis.roofline import MEMORY_BOUND, VERDICT_COLUMNS
 from tests.helpers.gpu import URL, labels, use_gpu_series
 from tests.helpers.runs import short_run
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 
 def add_gpu_scrapes(run_dir, every: float = 0.1) -> None:

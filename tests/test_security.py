@@ -16,7 +16,7 @@ from tests.helpers.net import BUILD_TIMEOUT_S, free_port, get, post, wait_for
 from tests.helpers.paths import ROOT
 from tests.helpers.runs import locust, locust_command, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 HOSTILE = "<script>alert('x')</script>"
 ESCAPED = "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;"

@@ -28,7 +28,7 @@ def finished(run_dir) -> pd.DataFrame:
     return records[records["error_type"].fillna("") != "cut_off"]
 
 
-@pytest.mark.e2e
+@pytest.mark.contract
 def test_openai_server_type_passes_against_a_strict_server_and_vllm_fails_with_400s(fake_server, tmp_path):
     server = fake_server("--strict", "--ttft-ms", "10", "--itl-ms", "2")
     proc = run(server.url, tmp_path / "openai", "--server-type", "openai")
@@ -50,7 +50,7 @@ def test_openai_server_type_passes_against_a_strict_server_and_vllm_fails_with_4
     assert records["error"].str.contains("stream_options.continuous_usage_stats").all()
 
 
-@pytest.mark.e2e
+@pytest.mark.contract
 def test_auto_detects_the_generic_profile_on_a_strict_server_and_vllm_on_the_fake_vllm(fake_server, tmp_path):
     strict = fake_server("--strict", "--ttft-ms", "10", "--itl-ms", "2")
     proc = run(strict.url, tmp_path / "strict", "--endpoint", "chat")
@@ -73,7 +73,7 @@ def test_auto_detects_the_generic_profile_on_a_strict_server_and_vllm_on_the_fak
     assert "Requests: the" in proc.stdout  # the integrity check ran against the fake's vLLM counters
 
 
-@pytest.mark.e2e
+@pytest.mark.contract
 def test_ignore_eos_with_a_server_without_it_is_refused_before_any_load(fake_server, tmp_path):
     strict = fake_server("--strict")
     for args in (["--server-type", "openai", "--ignore-eos"], ["--ignore-eos"]):  # given, and detected

@@ -8,7 +8,7 @@ from vllm_loadtest.analysis.run import efficiency_ceiling
 
 from tests.helpers.runs import locust
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 
 def _gated_run(fake_server, tmp_path, slo: str, *args: str):

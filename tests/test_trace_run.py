@@ -61,8 +61,7 @@ def replay(server, run_dir: Path, trace: Path, *args: str, report: bool = False,
     return proc, records, run
 
 
-@pytest.mark.e2e
-@pytest.mark.serial
+@pytest.mark.contract
 def test_every_row_is_sent_once_at_its_offset_with_its_output_length_and_the_run_ends_by_itself(fake_server, tmp_path):
     server = fake_server(*FAST)
     trace = tmp_path / "trace.jsonl"
@@ -133,8 +132,7 @@ def test_every_row_is_sent_once_at_its_offset_with_its_output_length_and_the_run
     assert "plotly" in html.lower() and "req/s" in html
 
 
-@pytest.mark.e2e
-@pytest.mark.serial
+@pytest.mark.contract
 def test_a_slice_of_the_trace_replayed_faster(fake_server, tmp_path):
     server = fake_server(*FAST)
     trace = tmp_path / "trace.jsonl"
@@ -158,7 +156,7 @@ def test_a_slice_of_the_trace_replayed_faster(fake_server, tmp_path):
     assert run["trace"]["speed"] == 2.0 and run["trace"]["start_s"] == 1.0 and run["trace"]["duration_s"] == 3.0
 
 
-@pytest.mark.e2e
+@pytest.mark.contract
 def test_run_time_stops_a_chat_replay_before_its_end(fake_server, tmp_path):
     server = fake_server(*FAST)
     trace = tmp_path / "trace.jsonl"
@@ -178,7 +176,7 @@ def test_run_time_stops_a_chat_replay_before_its_end(fake_server, tmp_path):
     assert (ok["prompt_tokens"].to_numpy() == np.array([rows[i]["input_length"] for i in ok["trace_row"]])).all()
 
 
-@pytest.mark.e2e
+@pytest.mark.contract
 def test_rows_due_while_the_pool_is_busy_are_sent_late_never_skipped(fake_server, tmp_path):
     server = fake_server("--ttft-ms", "100", "--itl-ms", "1")  # ~110 ms a request: 3 users serve ~27 rows/s
     trace = tmp_path / "burst.jsonl"
@@ -195,7 +193,7 @@ def test_rows_due_while_the_pool_is_busy_are_sent_late_never_skipped(fake_server
     assert "BEHIND" in proc.stdout
 
 
-@pytest.mark.e2e
+@pytest.mark.contract
 def test_two_workers_send_each_row_exactly_once(fake_server, tmp_path):
     server = fake_server(*FAST)
     trace = tmp_path / "trace.jsonl"
@@ -297,7 +295,7 @@ def test_a_missing_trace_file_is_named(server, tmp_path):
     assert "nope.jsonl" in line, line
 
 
-@pytest.mark.e2e
+@pytest.mark.contract
 def test_a_run_with_a_bad_trace_line_stops_with_one_line_exit_3_and_nothing_sent(fake_server, tmp_path):
     server = fake_server()
     path = tmp_path / "bad.jsonl"

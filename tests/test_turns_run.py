@@ -17,7 +17,7 @@ from vllm_loadtest.analysis import glossary as g
 from tests.helpers.paths import ROOT
 from tests.helpers.runs import locust
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 BLOCK = 8  # the fake server's cache block, in its tokens
 TOKENS = 8  # max_tokens: each answer " tok1 ... tok8" is 8 of its tokens

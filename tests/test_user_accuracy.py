@@ -12,7 +12,7 @@ from vllm_loadtest.locustfiles.openai_user import OpenAIStreamingUser
 
 from tests.helpers.inprocess import run_in_process
 
-pytestmark = [pytest.mark.unit, pytest.mark.serial]
+pytestmark = [pytest.mark.unit]
 
 
 class User(OpenAIStreamingUser):

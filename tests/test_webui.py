@@ -17,7 +17,7 @@ import pytest
 from tests.helpers.net import BUILD_TIMEOUT_S, free_port, get, post, wait_for
 from tests.helpers.paths import LOCUSTFILE, ROOT
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.contract
 
 
 def llm_rows(ui: str) -> list[dict]:
@@ -26,7 +26,6 @@ def llm_rows(ui: str) -> list[dict]:
     return tab["data"]
 
 
-@pytest.mark.serial  # 2 load processes and a web UI: beside other tests the run's last requests were cut off
 def test_llm_tab_live_rows_in_a_distributed_run_match_the_final_table(fake_server, tmp_path):
     server = fake_server("--ttft-ms", "20", "--itl-ms", "5", "--api-key", "sk-test-SECRET-7777")
     port = free_port()

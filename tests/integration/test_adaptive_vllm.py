@@ -20,7 +20,7 @@ from vllm_loadtest.analysis.uncertainty import min_samples_for_quantile
 
 from tests.helpers.runs import locust
 
-pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+pytestmark = [pytest.mark.vllm, pytest.mark.contract]
 
 TARGET = 0.10
 MAX_S = 30

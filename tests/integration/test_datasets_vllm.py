@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers.runs import locust
 
-pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+pytestmark = [pytest.mark.vllm, pytest.mark.contract]
 
 PREFIX_TOKENS = 256  # 8 full blocks of 32 tokens: cacheable; with the suffix and 32 output tokens it fits 512
 

@@ -16,7 +16,7 @@ from vllm_loadtest.analysis.records import RECORDS_DIR
 from tests.helpers.runs import cluster
 from tests.helpers.vllm import finished_counts
 
-pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+pytestmark = [pytest.mark.vllm, pytest.mark.contract]
 
 
 @pytest.mark.parametrize("kill_one", [False, True], ids=["two-workers", "one-worker-killed"])

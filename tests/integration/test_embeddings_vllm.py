@@ -1,5 +1,5 @@
 """Embeddings against the real vLLM: the embedded server with `serve --embed` (the tiny model through vLLM's pooling
-runner; its own server, started once for this module and always stopped; the session's `vllm_server` generates).
+runner; the session's `embed_vllm` (tests/helpers/fleet.py); the session's `vllm_server` generates).
 
 What vLLM 0.32 counts for a pooling request (captured in tests/fixtures/vllm-0.32-cpu-embed/): every INPUT of a
 /v1/embeddings request is one engine request, so vllm:request_success_total{finished_reason="stop"} rises by the
@@ -22,23 +22,11 @@ from vllm_loadtest.analysis.server_metrics import SUCCESS, counter_total
 from tests.helpers.runs import locust
 from tests.helpers.vllm import scrape
 
-pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+pytestmark = [pytest.mark.vllm, pytest.mark.contract]
 
 BATCH = 4
 PROMPT = 64
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
-
-
-@pytest.fixture(scope="module")
-def embed_vllm():
-    from vllm_loadtest.embedded_vllm import EmbeddedVLLM, ServerSettings
-
-    server = EmbeddedVLLM(ServerSettings(num_blocks=64, max_num_seqs=16, embed=True))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def counters(url: str) -> tuple[float, float]:

@@ -1,5 +1,5 @@
 """Chat with images against the real vLLM: the embedded server with `serve --vision`, a tiny random-weight BLIP-2
-(embedded_vllm/tiny_vision_model.py; its own server, started once for this module and always stopped).
+(embedded_vllm/tiny_vision_model.py; the session's `vision_vllm`, tests/helpers/fleet.py).
 
 vLLM 0.32 turns each image into the Q-Former's 32 query tokens whatever its size (the server still decodes and
 resizes every image: that cost is real), accepts one image per prompt for BLIP-2, and counts the image tokens in
@@ -22,22 +22,10 @@ from vllm_loadtest.analysis.records import load_records
 from tests.helpers.runs import locust
 from tests.helpers.vllm import finished_counts, scrape
 
-pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+pytestmark = [pytest.mark.vllm, pytest.mark.contract]
 
 IMAGE_TOKENS = 32  # tiny_vision_model.NUM_QUERY_TOKENS
 TEXT = 40  # --dataset synthetic:40 (a chat run without images: prompt_tokens 40 on this server)
-
-
-@pytest.fixture(scope="module")
-def vision_vllm():
-    from vllm_loadtest.embedded_vllm import EmbeddedVLLM, ServerSettings
-
-    server = EmbeddedVLLM(ServerSettings(num_blocks=64, max_num_seqs=16, vision=True))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def png_url(size: int, colour: tuple[int, int, int]) -> str:

@@ -20,7 +20,7 @@ from vllm_loadtest.analysis.diagnosis import KV_CACHE, KV_FULL, LOAD_GENERATOR
 
 from tests.helpers.runs import locust
 
-pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+pytestmark = [pytest.mark.vllm, pytest.mark.contract]
 
 SLO_S = 0.2
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers.runs import locust
 
-pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+pytestmark = [pytest.mark.vllm, pytest.mark.contract]
 
 USER_TOKENS = 64  # each turn's new user message: 2 blocks of 32; turn 3 with two 32-token answers fits 512
 BLOCK = 32  # the embedded server's block size (tests/conftest.py)

@@ -1,6 +1,6 @@
 """Reasoning and tool calls against the real vLLM: the embedded server with `--reasoning-parser qwen3
---enable-auto-tool-choice --tool-call-parser hermes` (its own server, started once for this module and always
-stopped; the session's `vllm_server` runs without parsers).
+--enable-auto-tool-choice --tool-call-parser hermes` (the session's `reasoning_vllm`, tests/helpers/fleet.py; its
+`vllm_server` runs without parsers).
 
 The tiny model's weights are random, so its next token is close to uniform over the 516-token vocabulary: at
 temperature 1 a thought ends (`</think>`) within 48 tokens in roughly 1 request of 10, at temperature 0 never. A
@@ -21,7 +21,7 @@ from vllm_loadtest.analysis.sse import parse_stream
 
 from tests.helpers.runs import locust
 
-pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+pytestmark = [pytest.mark.vllm, pytest.mark.contract]
 
 TOOLS = [
     {
@@ -33,20 +33,6 @@ TOOLS = [
         },
     }
 ]
-
-
-@pytest.fixture(scope="module")
-def reasoning_vllm():
-    from vllm_loadtest.embedded_vllm import EmbeddedVLLM, ServerSettings
-
-    server = EmbeddedVLLM(
-        ServerSettings(num_blocks=64, max_num_seqs=16, reasoning_parser="qwen3", tool_call_parser="hermes")
-    )
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def end_of_thought_bias(server, bias: float) -> dict:

@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers.runs import locust
 
-pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+pytestmark = [pytest.mark.vllm, pytest.mark.contract]
 
 BLOCK = 64  # --trace-block-tokens: two of the server's 32-token KV blocks per hash_id
 ROWS = 48

@@ -39,7 +39,7 @@ from tests.browser import PNG_SIGNATURE, chromium, open_page, png_size, require_
 from tests.helpers.net import free_port
 from tests.helpers.paths import ROOT
 
-pytestmark = [pytest.mark.vllm, pytest.mark.browser, pytest.mark.e2e]
+pytestmark = [pytest.mark.vllm, pytest.mark.browser, pytest.mark.contract]
 
 VIEWPORT = (1400, 900)
 LIVE_ROWS_TIMEOUT_S = 90
