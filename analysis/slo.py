@@ -261,7 +261,7 @@ def markdown_summary(
         ]  # fmt: skip
         if has_goodput:
             g = judged.iloc[i]
-            goodput = "-" if math.isnan(g["goodput"]) else f"{g['goodput']:.1%}"
+            goodput = "-" if pd.isna(g["goodput"]) else f"{g['goodput']:.1%}"  # None in a step with no data
             cells += [goodput, "met" if g["meets_all"] else "**broken**"]
         if capacity is not None:
             verdict = verdicts.get(int(r.step)) if str(r.step).lstrip("-").isdigit() else None

@@ -117,3 +117,21 @@ def test_markdown_summary_has_the_table_and_the_verdict():
     assert "| 1 | 10 | 0 | 10.0 | 955.0 ms | 10.0 ms | 1000.0 ms | 100.0% | met |" in page
     assert "| 2 | 8 | 2 | - | 2000.0 ms" in page and "**broken**" in page
     assert "SLO gate FAILED" in page
+
+
+def test_markdown_summary_shows_a_step_without_goodput_as_a_dash():
+    """A capacity probe in which no request finished has goodput None: the page says "-" (it raised TypeError)."""
+    records, timeline = _records()
+    objectives = parse_slo("ttft_p95=1s")
+    judged = judge_steps(records, timeline, objectives)
+    judged["goodput"] = judged["goodput"].astype(object)
+    judged.loc[judged.index[1], "goodput"] = None
+    table = pd.DataFrame(
+        {
+            "users": [1, 2], "requests": [10, 0], "errors": [0, 0], "aggregate_tok_s": [10.0, math.nan],
+            "ttft_p95_s": [0.955, math.nan], "tpot_p95_s": [0.01, math.nan], "e2e_mean_s": [1.0, math.nan],
+        }
+    )  # fmt: skip
+    page = markdown_summary("Load test", table, judged, verdict_lines(verdict(judged, objectives), objectives), [])
+    row = next(line for line in page.splitlines() if line.startswith("| 2 | 0 |"))
+    assert "| - |" in row
