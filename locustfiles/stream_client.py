@@ -203,8 +203,8 @@ class StreamClient:
             readable = sock._read_event
             wait = sock._wait
             recv = sock.recv  # without kernel stamps (TLS, or not Linux): gevent's own, which waits and decrypts
+            self.t0 = time.perf_counter()  # before the wall stamp: duration_s covers e2e_s even if preempted here
             self.start_time = self.last_read = start = wall()
-            self.t0 = time.perf_counter()
             self.requests += 1
             self.reader = gevent.getcurrent()
             sock.sendall(request)
@@ -287,8 +287,8 @@ class StreamClient:
             feed = response.feed
             body = response.body
             wall = time.time
+            self.t0 = time.perf_counter()  # before the wall stamp: duration_s covers e2e_s even if preempted here
             self.start_time = self.last_read = start = wall()
-            self.t0 = time.perf_counter()
             self.requests += 1
             self.reader = gevent.getcurrent()
             sock.sendall(request)
