@@ -55,30 +55,50 @@ def assert_within_target(steps: pd.DataFrame, records: pd.DataFrame, timeline: l
         assert (half / steps["aggregate_tok_s"] <= target).all(), steps[["aggregate_tok_s_ci_low", "aggregate_tok_s"]]
 
 
+def assert_each_step_ended_for_its_reason(
+    out: str, steps: pd.DataFrame, records: pd.DataFrame, timeline: list[dict], target: float, max_s: float
+) -> None:
+    """A step ends at --ci-target with its interval within the target, or at the maximum, flagged. Which one is up
+    to the machine (in CI's loaded 2-core machine a 20 s step's interval stayed at +-14 %); the stopping rule itself
+    is proven on synthetic streams in test_adaptive.py."""
+    early = [t for t in timeline if t["end_reason"] == "ci_target"]
+    for t in early:
+        # The interval the rule judged, on the records the controller had then; a worker's records that arrive
+        # later can widen the final one (0.12 live against 0.23 recomputed, on a loaded machine).
+        assert t["end_check"]["rel_half_width"] <= target, t
+        assert ttft_samples(records, t["step"]) >= min_samples_for_quantile(0.95), t
+    for t in timeline:
+        length = t["end_time"] - t["start_time"]
+        if t["end_reason"] == "ci_target":  # at a check point, the last of which may fall on the maximum
+            assert length <= max_s + 0.5, t
+        else:
+            assert t["end_reason"] == "max_duration" and length >= max_s - 0.5, t
+            width, samples = t["end_check"].get("rel_half_width"), t["end_check"].get("ttft_samples")
+            assert width is None or width > target or samples < min_samples_for_quantile(0.95), t
+            flag = f"Step {t['step']} ({t['users']} users) reached --max-step-duration {max_s:g} s before its"
+            assert f"MAX: {flag}" in out, out[-3000:]
+    assert out.count("interval within target (aggregate tok/s ±") == len(early)
+
+
 def test_auto_steps_end_when_their_interval_is_within_the_target(fake_server, tmp_path):
     server = fake_server("--ttft-ms", "5", "--itl-ms", "1")  # ~15 ms a request
     proc, records, steps, run_json = run(
-        server, tmp_path / "r", "--steps", "1,8", "--step-duration", "auto", "--max-step-duration", "20s",
+        server, tmp_path / "r", "--steps", "1,8", "--step-duration", "auto", "--max-step-duration", "12s",
         "--ci-target", "5%", "--step-warmup", "1s",
     )  # fmt: skip
     timeline = run_json["timeline"]
-    assert [t["end_reason"] for t in timeline] == ["ci_target", "ci_target"], timeline
-    assert list(steps["end_reason"]) == ["ci_target", "ci_target"]
+    assert list(steps["end_reason"]) == [t["end_reason"] for t in timeline]
     # Appended (steps.csv only gains columns): after every column before them, before the later sections.
     columns = list(steps.columns)
     at = columns.index("end_reason")
     assert columns[at : at + 2] == ["end_reason", "probe"]
     assert at + 2 == columns.index("ttfo_p50_s")  # the reasoning section (issue 18) was appended after them
-    assert_within_target(steps, records, timeline, 0.05)
-    lengths = [t["end_time"] - t["start_time"] for t in timeline]
-    assert all(length < 20 for length in lengths), lengths
+    assert_each_step_ended_for_its_reason(proc.stdout, steps, records, timeline, 0.05, 12)
     total = run_json["finished_at"] - run_json["started_at"]
-    assert total < 2 * 20, total  # below the sum of the maxima: the steps ended early
     options = run_json["options"]
-    assert (options["step_duration"], options["max_step_duration"], options["ci_target"]) == ("auto", "20s", "5%")
+    assert (options["step_duration"], options["max_step_duration"], options["ci_target"]) == ("auto", "12s", "5%")
     out = proc.stdout
     assert "Step lengths:" in out and f"The run took {total:.1f} s" in out
-    assert out.count("interval within target (aggregate tok/s ±") == 2 and "MAX:" not in out
 
 
 def test_a_tiny_maximum_ends_every_step_and_flags_it(fake_server, tmp_path):
@@ -100,12 +120,10 @@ def test_a_tiny_maximum_ends_every_step_and_flags_it(fake_server, tmp_path):
 def test_auto_rate_steps_across_worker_processes(fake_server, tmp_path):
     """Open loop (--rates) on a master and two workers: the master judges the records the workers ship."""
     server = fake_server("--ttft-ms", "5", "--itl-ms", "1")
-    _proc, records, steps, run_json = run(
+    proc, records, steps, run_json = run(
         server, tmp_path / "r", "--rates", "60,120", "--max-users", "16", "--processes", "2",
         "--step-duration", "auto", "--max-step-duration", "30s", "--ci-target", "20%", "--step-warmup", "1s",
     )  # fmt: skip
     timeline = run_json["timeline"]
-    assert [t["end_reason"] for t in timeline] == ["ci_target", "ci_target"], timeline
     assert records["worker"].nunique() == 2
-    assert_within_target(steps, records, timeline, 0.20)
-    assert run_json["finished_at"] - run_json["started_at"] < 2 * 30
+    assert_each_step_ended_for_its_reason(proc.stdout, steps, records, timeline, 0.20, 30)
