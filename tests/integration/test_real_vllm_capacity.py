@@ -6,8 +6,8 @@ Select with `-m vllm`; the server starts once per session (tests/conftest.py).
 The objective, TTFT p95 <= 200 ms with 256 output tokens (--ignore-eos), is one only a queue breaks: measured on a
 loaded 2-core machine, TTFT p95 stayed at 10-35 ms up to 16 users (cache 93 % used), then rose to 83 ms at 24 users,
 197 ms at 28 and 331 ms at 32, with the cache full, requests waiting and hundreds preempted. A faster machine moves
-that point, not the cause: the first failing probe is past the cache's limit. Probes are 12 s (4 s warm-up): the
-search took 9 probes and about 2 minutes.
+that point, not the cause: the first failing probe is past the cache's limit. The search starts at 4 users and stops
+at a 50 % resolution (4, 8, 16, 32, then one or two bisections), with 8 s probes (3 s warm-up): under a minute.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ def test_users_capacity_stops_where_the_kv_cache_binds_and_names_it(vllm_server,
     run_dir = tmp_path / "run"
     proc = locust(
         "--host", vllm_server.url, "--find-capacity", "users", "--slo", f"ttft_p95={SLO_S * 1000:.0f}ms",
-        "--step-duration", "12s", "--step-warmup", "4s", "--max-tokens", "256", "--ignore-eos",
-        "--max-users", "128", "--run-dir", str(run_dir), "--no-report", "--only-summary",
+        "--step-duration", "8s", "--step-warmup", "3s", "--max-tokens", "256", "--ignore-eos",
+        "--start-users", "4", "--max-users", "64", "--capacity-resolution", "50%",
+        "--run-dir", str(run_dir), "--no-report", "--only-summary",
         timeout=900,
     )  # fmt: skip
     print(proc.stdout[-5000:])  # the tables, the diagnosis and the Capacity section, shown when an assertion fails
@@ -41,26 +42,29 @@ def test_users_capacity_stops_where_the_kv_cache_binds_and_names_it(vllm_server,
     steps = pd.read_csv(run_dir / "steps.csv").set_index("step")
     probes = cap["probes"]
 
-    # Every probe is a step, in the order it ran, and the search doubled from 1 user until one did not pass.
+    # Every probe is a step, in the order it ran, and the search doubled from 4 users until one did not pass.
     assert list(steps["probe"]) == [p["probe"] for p in probes] == list(range(1, len(probes) + 1))
     assert list(steps["users"]) == [p["users"] for p in probes]
     loads = [p["users"] for p in probes]
     doubling = next(i for i, p in enumerate(probes) if not p["passed"])
-    assert loads[: doubling + 1] == [2**i for i in range(doubling + 1)], loads
+    assert loads[: doubling + 1] == [4 * 2**i for i in range(doubling + 1)], loads
 
     assert cap["mode"] == "users" and cap["limit"] == "slo", cap
     best, failing = cap["max_users"], cap["first_failing"]
     assert best >= 1 and failing is not None and failing["users"] > best, cap
-    # Bisected down to the resolution: 10 % of the capacity, never finer than 1 user.
-    assert failing["users"] - best <= max(1, 0.1 * best), loads
+    # Bisected down to the resolution: 50 % of the capacity, never finer than 1 user.
+    assert failing["users"] - best <= max(1, 0.5 * best), loads
     assert "ttft_p95" in failing["objectives"], failing
     broke = failing["objectives"]["ttft_p95"]
     row = steps.loc[failing["step"]]
-    # The verdict is on the same requests as the step table's p95.
-    assert broke["value"] == pytest.approx(row["ttft_p95_s"]), (broke, row)
+    # The verdict is on the same requests as the step table's p95. A probe none of whose requests finished inside its
+    # window (the last probe, its queue longer than the window on a loaded machine) has no data: a fail, not a pass.
     assert broke["verdict"] in ("fail", "uncertain") and cap["uncertain"] == (broke["verdict"] == "uncertain")
-    if broke["verdict"] == "fail":
-        assert broke["value"] > SLO_S, broke
+    if broke["value"] is None:
+        assert pd.isna(row["ttft_p95_s"]) and broke["verdict"] == "fail", (broke, row)
+    else:
+        assert broke["value"] == pytest.approx(row["ttft_p95_s"]), (broke, row)
+        assert broke["verdict"] == "uncertain" or broke["value"] > SLO_S, broke
 
     # Where it broke, vLLM's own metrics show the cache at its limit: full or preempting. (Requests waiting need not
     # show: the gauge is sampled once a second, and a fresh clone's run read 0 at the first failing probe.)
