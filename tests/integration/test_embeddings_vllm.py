@@ -96,8 +96,11 @@ def test_a_stepped_embeddings_run_has_inputs_and_prompt_tokens_per_second(embed_
         assert step["inputs_per_s"] > 0
         # Every input is PROMPT tokens, and both rates count the same ok requests in the same window.
         assert step["prompt_tok_s"] == pytest.approx(PROMPT * step["inputs_per_s"], rel=1e-9)
-        assert step["inputs_per_s_ci_low"] <= step["inputs_per_s"] <= step["inputs_per_s_ci_high"]
-        assert step["prompt_tok_s_ci_low"] <= step["prompt_tok_s"] <= step["prompt_tok_s_ci_high"]
+        # Too few batches in a window (a loaded machine's slow requests) leave an interval missing, never made up.
+        assert pd.isna(step["inputs_per_s_ci_low"]) == pd.isna(step["prompt_tok_s_ci_low"])
+        if pd.notna(step["inputs_per_s_ci_low"]):
+            assert step["inputs_per_s_ci_low"] <= step["inputs_per_s"] <= step["inputs_per_s_ci_high"]
+            assert step["prompt_tok_s_ci_low"] <= step["prompt_tok_s"] <= step["prompt_tok_s_ci_high"]
         assert 0 < step["e2e_p50_s"] <= step["e2e_p95_s"] <= step["e2e_p99_s"]
     # Columns that need streamed tokens are missing, not 0 ("0 tok/s" would read as a dead server).
     assert not (steps["aggregate_tok_s"] == 0).any()

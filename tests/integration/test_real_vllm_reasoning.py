@@ -54,10 +54,11 @@ def stamped_stream(server, body: dict) -> list[tuple[float, bytes]]:
     return lines
 
 
-def chunk_split(lines: list[tuple[float, bytes]]) -> tuple[int, int, int | None]:
+def chunk_split(lines: list[tuple[float, bytes]]) -> tuple[int, int, int | None, int]:
     """What the server streamed: the tokens of its reasoning chunks (continuous usage's completion_tokens steps of
-    chunks with reasoning and neither content nor tool calls), all tokens, and its own usage count."""
-    reasoning, previous, server_count, kind = 0, 0, None, "answer"
+    chunks with reasoning and neither content nor tool calls), all tokens, its own usage count, and the tokens of
+    chunks that carry both reasoning and answer text (a busy server's step of several tokens across `</think>`)."""
+    reasoning, previous, server_count, kind, mixed = 0, 0, None, "answer", 0
     for _, line in lines:
         if not line.startswith(b"data: {"):
             continue
@@ -68,6 +69,7 @@ def chunk_split(lines: list[tuple[float, bytes]]) -> tuple[int, int, int | None]
             delta = chunk["choices"][0].get("delta") or {}
             if delta.get("content") or delta.get("tool_calls"):
                 kind = "answer"
+                mixed += done - previous if delta.get("reasoning") else 0
             elif delta.get("reasoning"):
                 kind = "reasoning"
             # else a chunk without text: its tokens go with the chunk before it
@@ -75,7 +77,7 @@ def chunk_split(lines: list[tuple[float, bytes]]) -> tuple[int, int, int | None]
         else:
             server_count = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
         previous = done
-    return reasoning, previous, server_count
+    return reasoning, previous, server_count, mixed
 
 
 def test_the_parser_reads_the_reasoning_split_the_server_streamed(reasoning_vllm):
@@ -87,11 +89,12 @@ def test_the_parser_reads_the_reasoning_split_the_server_streamed(reasoning_vllm
     answered = 0
     for _ in range(6):
         lines = stamped_stream(reasoning_vllm, body)
-        reasoning, total, server_count = chunk_split(lines)
+        reasoning, total, server_count, mixed = chunk_split(lines)
         parsed = parse_stream(lines)
-        print(f"chunks: {reasoning} of {total} reasoning; vLLM's usage says {server_count}")
+        print(f"chunks: {reasoning} of {total} reasoning ({mixed} in a mixed chunk); vLLM's usage says {server_count}")
         assert parsed.output_tokens == total == 48
-        assert parsed.reasoning_tokens == reasoning
+        # A mixed chunk's tokens are split by the server's count (at least one is the answer's): see analysis/sse.py.
+        assert reasoning <= parsed.reasoning_tokens <= reasoning + max(0, mixed - 1)
         assert server_count is not None  # vLLM 0.32 with a reasoning parser counts them
         if reasoning < total:
             answered += 1
@@ -105,15 +108,17 @@ def test_the_parser_reads_the_reasoning_split_the_server_streamed(reasoning_vllm
 def test_a_run_records_reasoning_and_thinking_off_records_none(reasoning_vllm, tmp_path):
     # About 1 token in 27 ends the thought: after 32 tokens about 3 thoughts in 10 still go on.
     bias = json.dumps({"logit_bias": end_of_thought_bias(reasoning_vllm, 3)})
+    # 16 users (the server's max_num_seqs): even a step the shared machine stalls ends with 16 requests in flight,
+    # which --stop-timeout lets finish (a fresh clone's 4-user step once finished only its 4 in-flight requests).
     common = (
-        "--host", reasoning_vllm.url, "--endpoint", "chat", "--max-tokens", "32", "--ignore-eos", "--steps", "4",
+        "--host", reasoning_vllm.url, "--endpoint", "chat", "--max-tokens", "32", "--ignore-eos", "--steps", "16",
         "--step-duration", "8s", "--step-warmup", "0s", "--no-report", "--stop-timeout", "30",
     )  # fmt: skip
     # Temperature 1: sampled, so a thought's length varies (greedy, the bias would end every one at once).
     proc = locust(*common, "--run-dir", str(tmp_path / "on"), "--temperature", "1", "--extra-body", bias, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ok = pd.read_parquet(tmp_path / "on" / "requests.parquet").query("status == 'ok'")
-    assert len(ok) >= 8
+    assert len(ok) >= 16  # so that both kinds show: 16 requests are all answered, or none, with p < 0.4 %
     assert ok["reasoning_tokens"].notna().all() and (ok["reasoning_tokens"] <= ok["output_tokens"]).all()
     never = ok[ok["ttfo_s"].isna()]
     assert (never["reasoning_tokens"] == never["output_tokens"]).all()  # no answer token: all of it reasoning
@@ -128,7 +133,7 @@ def test_a_run_records_reasoning_and_thinking_off_records_none(reasoning_vllm, t
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     off = pd.read_parquet(tmp_path / "off" / "requests.parquet").query("status == 'ok'")
-    assert len(off) >= 8
+    assert len(off) >= 16
     assert (off["reasoning_tokens"] == 0).all() and off["ttfo_s"].notna().all()
     assert (off["ttfo_s"] == off["ttft_s"]).all()
 
