@@ -118,25 +118,17 @@ def fleet():
         servers.stop()
 
 
-@pytest.fixture(scope="session")
-def vllm_server(fleet):
-    """The tiny text model, no parsers, 128 blocks of 32 tokens (the KV cache binds before max_num_seqs)."""
-    return fleet.get("vllm_server")
+def server_fixture(name: str):
+    """A session fixture yielding the fleet's server `name` (its settings: tests/helpers/fleet.py's SERVERS)."""
+
+    def server(fleet):
+        return fleet.get(name)
+
+    server.__doc__ = f"The embedded vLLM {name!r} of tests/helpers/fleet.py, started on first use."
+    return pytest.fixture(scope="session", name=name)(server)
 
 
-@pytest.fixture(scope="session")
-def reasoning_vllm(fleet):
-    """The tiny text model with `--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes`."""
-    return fleet.get("reasoning_vllm")
-
-
-@pytest.fixture(scope="session")
-def embed_vllm(fleet):
-    """The tiny model as an embedding model (`--runner pooling --convert embed`)."""
-    return fleet.get("embed_vllm")
-
-
-@pytest.fixture(scope="session")
-def vision_vllm(fleet):
-    """The tiny BLIP-2-layout vision-language model."""
-    return fleet.get("vision_vllm")
+vllm_server = server_fixture("vllm_server")
+reasoning_vllm = server_fixture("reasoning_vllm")
+embed_vllm = server_fixture("embed_vllm")
+vision_vllm = server_fixture("vision_vllm")

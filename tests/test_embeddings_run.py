@@ -3,7 +3,7 @@
 prompt tokens per X-Request-Id), and each record's E2E time (send stamp to the arrival of the body's last byte) is
 the server's own (receipt to the send of that byte) within 2 ms at p99, the suite's timing claim for streams.
 
-Serial: other tests beside it would blur the timing."""
+The client's stamps are the kernel's receive times, so the tests beside it in the parallel suite move them little."""
 
 from __future__ import annotations
 

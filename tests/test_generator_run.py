@@ -1,7 +1,7 @@
 """The load generator's self-checks in real runs: an overloaded run that must be flagged generator-bound, and a
 master + 2 workers run whose samples all reach generator.parquet (the figures themselves: tests/test_generator.py).
 
-Serial: the overloaded run measures how far one process falls behind, which other tests beside it would change."""
+Tests running beside it in the parallel suite only add to the lag the overloaded run must find."""
 
 from __future__ import annotations
 

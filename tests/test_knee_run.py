@@ -27,7 +27,7 @@ def implied_tok_s(truth: dict, users: int, start: float, end: float, gap_s: floa
     tests running beside it). So there it is the server's own count: the tokens of the streams it finished
     in the window. So it is at SLOTS users too: there every user's own gap counts, and the gap measured with one
     user grows with eight on a loaded machine (implied 1452.8 tok/s against a CI high of 1422.1 with two CPU
-    burners beside the e2e tests); about 180 streams finish in the window, so the count is exact to a percent."""
+    burners beside the contract tests); about 180 streams finish in the window, so the count is exact to a percent."""
     if users >= SLOTS:
         done = [t["tokens"] for t in truth.values() if start <= t["last_sent_wall"] < end]
         return sum(done) / (end - start)

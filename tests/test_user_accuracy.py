@@ -1,7 +1,8 @@
 """The streaming user against a server with exactly known timing: TTFT, TPOT, ITL and token counts.
 
 Tolerances here are loose enough for a shared, noisy CI machine; tests/benchmarks/bench_accuracy.py prints the
-precise figures (the claim of 2 ms at p99 lives there). Serial: other tests beside it would blur the timing.
+precise figures (the claim of 2 ms at p99 lives there). The stamps are the kernel's receive times, so the tests
+that run beside it in the parallel suite move them little; these bounds held on CI's loaded 2-core machine.
 """
 
 import numpy as np

@@ -39,8 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for b in burners:
             b.terminate()
-    print(f"{' '.join(command)}: exit code {code} after {time.monotonic() - started:.0f} s "
-          f"with {a.cores} core(s) kept busy", file=sys.stderr)
+    print(
+        f"{' '.join(command)}: exit code {code} after {time.monotonic() - started:.0f} s "
+        f"with {a.cores} core(s) kept busy",
+        file=sys.stderr,
+    )
     return code
 
 

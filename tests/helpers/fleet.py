@@ -18,10 +18,13 @@ SERVERS: dict[str, ServerSettings] = {
     "vllm_server": ServerSettings(
         num_blocks=128, block_size=32, max_model_len=512, max_num_seqs=64, enforce_eager=True
     ),
+    # `--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes`.
     "reasoning_vllm": ServerSettings(
         num_blocks=64, max_num_seqs=16, reasoning_parser="qwen3", tool_call_parser="hermes", enforce_eager=True
     ),
+    # The tiny model as an embedding model (`--runner pooling --convert embed`).
     "embed_vllm": ServerSettings(num_blocks=64, max_num_seqs=16, embed=True, enforce_eager=True),
+    # The tiny BLIP-2-layout vision-language model.
     "vision_vllm": ServerSettings(num_blocks=64, max_num_seqs=16, vision=True, enforce_eager=True),
 }
 

@@ -17,7 +17,7 @@ def free_port() -> int:
 
 
 # A download the web UI builds in a subprocess (report.html, requests.parquet: python, pandas and plotly starting) took
-# over 10 s beside the parallel e2e tests on 2 cores (CI, 2026-12-03).
+# over 10 s beside the parallel contract tests on 2 cores (CI, 2026-12-03).
 BUILD_TIMEOUT_S = 120
 
 
