@@ -7,7 +7,7 @@ import json
 
 import pandas as pd
 import pytest
-from vllm_loadtest.analysis.diagnosis import KV_CACHE, LOAD_GENERATOR
+from vllm_loadtest.analysis.diagnosis import KV_CACHE
 from vllm_loadtest.analysis.records import load_records
 from vllm_loadtest.locustfiles.openai_user import OpenAIStreamingUser
 
@@ -141,9 +141,8 @@ def test_stepped_run_saturates_the_kv_cache_and_the_report_says_so(vllm_server, 
                 assert "has room" not in line and "compute binds" not in line, line
     if diagnosis["knee_users"] is not None:
         assert diagnosis["knee_range"][0] == diagnosis["knee_users"], diagnosis
-    # On a machine shared with other work the load generator's lag probe can flag the step too: the diagnosis then
-    # names the generator first.
-    generator = bool(top["generator_bound"])
-    assert diagnosis["binding"][str(len(steps) - 1)] == (LOAD_GENERATOR if generator else KV_CACHE), diagnosis
+    # Requests waited and were preempted there: the cache binds even when the generator is flagged too (the
+    # diagnosis names the generator only when the server held no more than it could run).
+    assert diagnosis["binding"][str(len(steps) - 1)] == KV_CACHE, diagnosis
     page = (run_dir / "report.html").read_text()
     assert "the KV cache binds" in page and "0.32.0" in page

@@ -6,8 +6,9 @@ Select with `-m vllm`; the server starts once per session (tests/conftest.py).
 The objective, TTFT p95 <= 200 ms with 256 output tokens (--ignore-eos), is one only a queue breaks: measured on a
 loaded 2-core machine, TTFT p95 stayed at 10-35 ms up to 16 users (cache 93 % used), then rose to 83 ms at 24 users,
 197 ms at 28 and 331 ms at 32, with the cache full, requests waiting and hundreds preempted. A faster machine moves
-that point, not the cause: the first failing probe is past the cache's limit. The search starts at 4 users and stops
-at a 50 % resolution (4, 8, 16, 32, then one or two bisections), with 8 s probes (3 s warm-up): under a minute.
+that point, not the cause: the first failing probe is past the cache's limit. The search starts at 8 users and stops
+at a 50 % resolution (8, 16, 32, then one or two bisections), with 10 s probes (2 s warm-up): under a minute. A
+probe's window must outlast a few requests (E2E 1.8 s at 4 users in a fresh clone's parallel suite).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ def test_users_capacity_stops_where_the_kv_cache_binds_and_names_it(vllm_server,
     run_dir = tmp_path / "run"
     proc = locust(
         "--host", vllm_server.url, "--find-capacity", "users", "--slo", f"ttft_p95={SLO_S * 1000:.0f}ms",
-        "--step-duration", "8s", "--step-warmup", "3s", "--max-tokens", "256", "--ignore-eos",
-        "--start-users", "4", "--max-users", "64", "--capacity-resolution", "50%",
+        "--step-duration", "10s", "--step-warmup", "2s", "--max-tokens", "256", "--ignore-eos",
+        "--start-users", "8", "--max-users", "64", "--capacity-resolution", "50%",
         "--run-dir", str(run_dir), "--no-report", "--only-summary",
         timeout=900,
     )  # fmt: skip
@@ -42,12 +43,12 @@ def test_users_capacity_stops_where_the_kv_cache_binds_and_names_it(vllm_server,
     steps = pd.read_csv(run_dir / "steps.csv").set_index("step")
     probes = cap["probes"]
 
-    # Every probe is a step, in the order it ran, and the search doubled from 4 users until one did not pass.
+    # Every probe is a step, in the order it ran, and the search doubled from 8 users until one did not pass.
     assert list(steps["probe"]) == [p["probe"] for p in probes] == list(range(1, len(probes) + 1))
     assert list(steps["users"]) == [p["users"] for p in probes]
     loads = [p["users"] for p in probes]
     doubling = next(i for i, p in enumerate(probes) if not p["passed"])
-    assert loads[: doubling + 1] == [4 * 2**i for i in range(doubling + 1)], loads
+    assert loads[: doubling + 1] == [8 * 2**i for i in range(doubling + 1)], loads
 
     assert cap["mode"] == "users" and cap["limit"] == "slo", cap
     best, failing = cap["max_users"], cap["first_failing"]
@@ -75,10 +76,13 @@ def test_users_capacity_stops_where_the_kv_cache_binds_and_names_it(vllm_server,
     assert binding["waiting_max"] == pytest.approx(row["waiting_max"])
     assert binding["preemptions"] == pytest.approx(row["preemptions"])
     # What binds is the KV cache. On a machine shared with other work the load generator's lag probe can flag the
-    # step too (a 3 ms lag p99): the diagnosis then names the generator first, and the capacity says both.
+    # step too (a 3 ms lag p99): the capacity says both, and the diagnosis names the generator first unless the
+    # server held more than it could run (requests waiting or preempted).
     generator = bool(row["generator_bound"])
     assert binding["resource"] == KV_CACHE and binding["load_generator_bound"] is generator, binding
-    assert summary["diagnosis"]["binding"][str(failing["step"])] == (LOAD_GENERATOR if generator else KV_CACHE)
+    over = row["waiting_max"] > 0 or row["preemptions"] > 0
+    expected = LOAD_GENERATOR if generator and not over else KV_CACHE
+    assert summary["diagnosis"]["binding"][str(failing["step"])] == expected
 
     # The console's Capacity section says all of it in one line, then the probe path.
     line = next(s for s in proc.stdout.splitlines() if s.startswith("- Capacity: "))
