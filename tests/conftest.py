@@ -17,7 +17,7 @@ import pytest
 
 from tests import browser as browser_mod
 from tests.helpers import monkey  # noqa: F401 - first: it patches the standard library for gevent (as Locust does)
-from tests.helpers.fleet import SERVERS, Fleet, group
+from tests.helpers.fleet import GROUP, SERVERS, Fleet, needed
 from tests.helpers.inprocess import parse_options, run_in_process  # noqa: F401 - for test modules written before
 from tests.helpers.paths import FIXTURES, ROOT  # noqa: F401 - tests/helpers existed; new ones import from there
 from tests.helpers.servers import FakeServer
@@ -28,6 +28,7 @@ LOCUST_COMMAND = re.compile(r"(^|\s)-m locust(\s|$)|(^|[\s/])locust -f\s")
 
 
 KIND_PROBLEM = pytest.StashKey[str]()
+SERVERS_NEEDED = pytest.StashKey[list]()  # the embedded servers the selected tests use (started together)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: every collected test is checked, and a vllm mark counts
@@ -37,8 +38,8 @@ def pytest_collection_modifyitems(config, items):
         if SERVERS.keys() & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.vllm)
         if item.get_closest_marker("vllm"):
-            # One worker for each server's tests: each embedded server starts once, the four side by side.
-            item.add_marker(pytest.mark.xdist_group(group(getattr(item, "fixturenames", ()))))
+            # One worker runs every vllm test: the servers start once, together, before any of them measures.
+            item.add_marker(pytest.mark.xdist_group(GROUP))
         kinds = {m.name for m in item.iter_markers()} & set(KINDS)
         if not kinds:
             problems.append((item, f"no kind ({' / '.join(KINDS)}): {item.nodeid}"))
@@ -57,8 +58,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker sends the collected node ids to the controller
 def pytest_collection_finish(session):
-    """Make pytest-xdist's loadgroup work on pytest 9: xdist 3.8 appends "@group" to `item._nodeid`, but pytest 9
-    reads the node id from `item._id`, so each test was scheduled alone and several workers started a vLLM."""
+    """Note the servers the selected tests use; make pytest-xdist's loadgroup work on pytest 9: xdist 3.8 appends
+    "@group" to `item._nodeid`, but pytest 9 reads the node id from `item._id`, so each test was scheduled alone
+    and several workers started a vLLM."""
+    session.config.stash[SERVERS_NEEDED] = needed(getattr(item, "fixturenames", ()) for item in session.items)
     try:
         from _pytest.nodeid import coerce_node_id
     except ImportError:  # pytest < 9 reads `_nodeid` itself
@@ -109,9 +112,10 @@ def fake_server():
 
 
 @pytest.fixture(scope="session")
-def fleet():
-    """The session's embedded real vLLM servers (tests/helpers/fleet.py); installed on first use, always stopped."""
-    servers = Fleet()
+def fleet(pytestconfig):
+    """The session's embedded real vLLM servers (tests/helpers/fleet.py): every one the selected tests use starts at
+    the first one's use; always stopped."""
+    servers = Fleet(pytestconfig.stash.get(SERVERS_NEEDED, []))
     try:
         yield servers
     finally:

@@ -1,9 +1,11 @@
 """The embedded real vLLM servers the `vllm` tier uses: one of each kind per pytest session, all stopped at its end.
 
-The tests that use one server all run on one pytest-xdist worker (an xdist group per server, tests/conftest.py), so
-each server starts once, when its first test asks for it, and the four start and serve side by side on different
-workers. Eager mode (no torch.compile) halves a start on this 2-core machine (21 s against 44 s); what the tests
-measure does not depend on it.
+Every `vllm` test runs on one pytest-xdist worker (one xdist group, tests/conftest.py). When the first of them asks
+for a server, every server the session's tests need starts, side by side, and the tests wait until all answer: no
+server then starts while another one's test measures (a start keeps both cores busy for tens of seconds; in a fresh
+clone an embeddings step beside the other servers' starts finished no request in 5 s). Eager mode (no
+torch.compile) halves a start on this 2-core machine (21 s against 44 s); what the tests measure does not depend on
+it.
 """
 
 from __future__ import annotations
@@ -29,21 +31,29 @@ SERVERS: dict[str, ServerSettings] = {
 }
 
 
-def group(fixturenames: Iterable[str]) -> str:
-    """The xdist group of a `vllm` test: the first server it uses (a test using none goes with `vllm_server`)."""
-    names = set(fixturenames)
-    return next((name for name in SERVERS if name in names), "vllm_server")
+GROUP = "vllm"  # the xdist group of every `vllm` test
+
+
+def needed(fixturenames: Iterable[Iterable[str]]) -> list[str]:
+    """The servers some of the selected tests use (each test's fixture names), in SERVERS' order."""
+    used = set().union(*map(set, fixturenames))
+    return [name for name in SERVERS if name in used]
 
 
 class Fleet:
     """The servers this process started, each at most once, all stopped together."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: Iterable[str] = ()) -> None:
+        self.names = list(names)  # started together at the first get()
         self.servers: dict[str, EmbeddedVLLM] = {}
 
     def get(self, name: str) -> EmbeddedVLLM:
         if name not in self.servers:
-            self.servers[name] = EmbeddedVLLM(SERVERS[name]).start()
+            starting = [n for n in dict.fromkeys([*self.names, name]) if n not in self.servers]
+            for n in starting:
+                self.servers[n] = EmbeddedVLLM(SERVERS[n]).launch()
+            for n in starting:
+                self.servers[n].wait_ready()
         return self.servers[name]
 
     def stop(self) -> None:
