@@ -5,6 +5,10 @@
 (2026-12-06): a disturbed run, its load generator flagged at every step by the tests beside it, the KV cache full
 from 16 users and requests waiting for it from 32. Its raw files as the run left them (records/ and generator/ as
 gzip), unpacked and finished again here by the end of run's own pipeline (analysis.finish.compute_run).
+
+`vllm-capacity`: the same server alone on the machine (2026-12-06), `--find-capacity users --slo ttft_p95=200ms`
+from 8 users at a 50 % resolution, 10 s probes (2 s warm-up), 256 tokens with --ignore-eos: a clean search, probes
+8, 16, 32 and 24 users.
 """
 
 from __future__ import annotations
@@ -39,6 +43,11 @@ def unpack(name: str, into: Path) -> Path:
 @pytest.fixture(scope="module")
 def saturated(tmp_path_factory):
     return compute_run(unpack("vllm-saturated", tmp_path_factory.mktemp("recorded")))
+
+
+@pytest.fixture(scope="module")
+def search(tmp_path_factory):
+    return compute_run(unpack("vllm-capacity", tmp_path_factory.mktemp("recorded")))
 
 
 def test_the_saturated_step_is_the_first_where_requests_waited_for_kv_cache_space(saturated):
@@ -95,3 +104,25 @@ def test_the_integrity_check_matches_the_records_with_the_servers_counters(satur
     assert not check["mismatch"] and saturated.errors["failed"] == 0
     # The table counts the measured requests: started after the warm-up, finished before the stop (196 of 437).
     assert int(saturated.records["measured"].sum()) == int(saturated.table["requests"].sum()) == 196
+
+
+def test_the_capacity_search_breaks_past_the_kv_caches_limit_and_names_it(search):
+    cap, table = search.capacity, search.table
+    assert [p["users"] for p in cap["probes"]] == [8, 16, 32, 24] and list(table["users"]) == [8, 16, 32, 24]
+    assert [p["verdict"] for p in cap["probes"]] == ["pass", "pass", "fail", "pass"]
+    assert cap["max_users"] == 24 and cap["first_failing"]["users"] == 32 and not cap["uncertain"]
+    # TTFT p95 stayed under 100 ms to 24 users and broke at 32 (416 ms), where the cache was full and preempting.
+    broke = cap["first_failing"]["objectives"]["ttft_p95"]
+    assert broke["value"] == pytest.approx(table["ttft_p95_s"].iloc[2]) and broke["value"] > 0.2
+    assert cap["binding"]["resource"] == KV_CACHE and not cap["binding"]["load_generator_bound"]
+    assert cap["binding"]["kv_cache_usage_max"] == 1.0 and cap["binding"]["preemptions"] == 353
+    assert cap["line"] == (
+        "Capacity: 24 users, the highest load meeting ttft_p95<=200ms; at 32 users ttft_p95 was 416 ms (too few "
+        "samples for an interval); what binds there: KV cache (100 % KV cache used, up to 9 requests waiting, 353 "
+        "preempted)"
+    )
+
+
+def test_the_searchs_probes_are_past_the_batch_limit_from_16_users(search):
+    diagnosis = search.diagnosis
+    assert diagnosis.saturated_users == 16 and diagnosis.binding == {1: KV_CACHE, 2: KV_CACHE, 3: KV_CACHE}
