@@ -52,9 +52,10 @@ def test_auto_steps_on_a_real_server_end_with_their_interval_within_the_target(v
             ends, ok["output_tokens"].to_numpy(float), t["measure_start"], t["end_time"],
             float(measured["e2e_s"].median()), ok["start_time"].to_numpy(float),
         )  # fmt: skip
-        # The step table's own interval is the one the decision judged.
-        assert ci.low == pytest.approx(row.aggregate_tok_s_ci_low)
-        assert ci.high == pytest.approx(row.aggregate_tok_s_ci_high)
+        # The step table's own interval is the one the decision judged (missing in both when the window held too few
+        # batches: a server the busy machine slowed).
+        assert ci.low == pytest.approx(row.aggregate_tok_s_ci_low, nan_ok=True)
+        assert ci.high == pytest.approx(row.aggregate_tok_s_ci_high, nan_ok=True)
         if t["end_reason"] == "ci_target":
             # The last check falls at the maximum itself, and an interval within the target there is a target end
             # (seen in CI: a 4-user step's check at 60.0 s found ±4.8 %), so the bound is the maximum, not below it.
