@@ -29,7 +29,7 @@ def test_a_shared_prefix_run_hits_the_prefix_cache(vllm_server, tmp_path):
     assert steps["prefix_cache_hit_rate"].iloc[0] > 0, steps.to_dict("records")
     records = pd.read_parquet(run_dir / "requests.parquet")
     ok = records[records["status"] == "ok"]
-    assert len(ok) > 4 and (ok["dataset"] == f"shared-prefix:{PREFIX_TOKENS}").all()
+    assert len(ok) >= 4 and (ok["dataset"] == f"shared-prefix:{PREFIX_TOKENS}").all()
     assert (ok["prompt_tokens"] > PREFIX_TOKENS).all() and (ok["max_tokens"] == 32).all()
     run = json.loads((run_dir / "run.json").read_text())
     assert run["dataset"]["tokenizer"] == "/tokenize" and run["options"]["dataset"] == f"shared-prefix:{PREFIX_TOKENS}"

@@ -41,12 +41,15 @@ def test_client_counts_equal_the_servers_counters(vllm_server, tmp_path, endpoin
     after = finished_counts(vllm_server.url)
     records = load_records(tmp_path)
     ok = records[records["status"] == "ok"]
-    assert len(ok) > 4 and len(ok) == len(records), records["error"].dropna().unique()
+    # At least each user's last request, which stop_timeout lets finish (a busy machine's slowed server: only those).
+    assert len(ok) >= 4 and len(ok) == len(records), records["error"].dropna().unique()
     assert len(ok) == after[0] - before[0]
     assert ok["output_tokens"].sum() == after[1] - before[1]
     assert (ok["output_tokens"] == 48).all() and not ok["output_tokens_estimated"].any()
     assert (ok["model"] == "tiny").all()  # discovered from /v1/models
-    assert ok["ttft_s"].notna().all() and (ok["tpot_s"] > 0).all()
+    # A client the busy machine stalled reads a whole stream in one read, its tokens sharing one stamp: TPOT 0 (seen
+    # with a 327 ms event-loop lag, which the run's self-check flags).
+    assert ok["ttft_s"].notna().all() and (ok["tpot_s"] >= 0).all()
     assert (ok["chunk_tokens"].map(sum) == 48).all()
 
 
