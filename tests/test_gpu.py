@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 
 import pandas as pd
 import pyarrow as pa
@@ -31,6 +30,7 @@ from tests.helpers.badinput import first_error
 from tests.helpers.inprocess import parse_options
 from tests.helpers.paths import FIXTURES
 from tests.helpers.records import frame, rec
+from tests.helpers.runs import wait_until
 
 pytestmark = pytest.mark.unit
 
@@ -273,7 +273,8 @@ def test_the_scraper_polls_gpu_exporters_without_a_server_and_warns_once_per_fai
     silent = f"http://127.0.0.1:{free_port()}/metrics"
     try:
         scraper = MetricsScraper("", 0.1, tmp_path, gpu_urls=[dcgm.metrics_url, silent]).start()  # --metrics-url off
-        time.sleep(0.6)
+        # Until three polls of each (0.6 s was two on a busy machine): a condition, not a time.
+        assert wait_until(lambda: min(scraper.gpu_scrapes.values()) >= 3, 30)
         scraper.stop()
         served = len(dcgm.get("/truth")["served"])
     finally:

@@ -7,7 +7,6 @@ import json
 import math
 import subprocess
 import sys
-import time
 
 import pandas as pd
 import pytest
@@ -29,6 +28,7 @@ from vllm_loadtest.analysis.server_metrics import (
 )
 
 from tests.conftest import FIXTURES, parse_options
+from tests.helpers.runs import wait_until
 
 pytestmark = pytest.mark.unit
 
@@ -368,7 +368,7 @@ def test_the_scraper_process_maps_the_servers_names(tmp_path):
         run_dir = tmp_path / "run"
         run_dir.mkdir()
         scraper = MetricsScraper(f"http://127.0.0.1:{port}/metrics", 0.2, run_dir, model=M, server="sglang").start()
-        time.sleep(0.5)
+        assert wait_until(lambda: scraper.scrapes >= 1, 30)
         scraper.stop()
     finally:
         http.terminate()
