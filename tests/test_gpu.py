@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 
+import gevent
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -273,9 +274,11 @@ def test_the_scraper_polls_gpu_exporters_without_a_server_and_warns_once_per_fai
     silent = f"http://127.0.0.1:{free_port()}/metrics"
     try:
         scraper = MetricsScraper("", 0.1, tmp_path, gpu_urls=[dcgm.metrics_url, silent]).start()  # --metrics-url off
-        # Until three polls of each (0.6 s was two on a busy machine): a condition, not a time.
-        assert wait_until(lambda: min(scraper.gpu_scrapes.values()) >= 3, 30)
-        scraper.stop()
+        try:  # until three polls of each (0.6 s was two on a busy machine): a condition, not a time
+            polled = wait_until(lambda: min(scraper.gpu_scrapes.values()) >= 3, 60, sleep=gevent.sleep)
+            assert polled, scraper.gpu_scrapes
+        finally:
+            scraper.stop()  # else its warnings reach the next test's log
         served = len(dcgm.get("/truth")["served"])
     finally:
         dcgm.stop()

@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 
+import gevent
 import pandas as pd
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -368,7 +369,7 @@ def test_the_scraper_process_maps_the_servers_names(tmp_path):
         run_dir = tmp_path / "run"
         run_dir.mkdir()
         scraper = MetricsScraper(f"http://127.0.0.1:{port}/metrics", 0.2, run_dir, model=M, server="sglang").start()
-        assert wait_until(lambda: scraper.scrapes >= 1, 30)
+        assert wait_until(lambda: scraper.scrapes >= 1, 30, sleep=gevent.sleep)
         scraper.stop()
     finally:
         http.terminate()

@@ -3,8 +3,8 @@ module before anything imports Locust, as tests/conftest.py does.
 
 A pytest-xdist worker gets no patching at all: it waits for its next test on events that a real thread sets, which
 a patched `threading` breaks (the worker blocks forever), and a half-patched process (threads left alone) hangs in
-tests that mix real threads or Playwright with gevent. `make test` gives the workers only `e2e` tests, which use
-Locust through its own processes; the tests that run Locust in this process run without -n, patched as Locust is.
+tests that mix real threads or Playwright with gevent. `make test` runs every test in a worker: a test whose
+greenlets must run while it waits yields to gevent itself (tests/helpers/runs.py's `wait_until(sleep=gevent.sleep)`).
 """
 
 import os

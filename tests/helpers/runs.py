@@ -57,13 +57,16 @@ def start_locust(args: list[str], log: Path) -> subprocess.Popen:
     )
 
 
-def wait_until(condition: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
-    """Poll `condition` until it holds (True) or `timeout` seconds have passed (False)."""
+def wait_until(
+    condition: Callable[[], bool], timeout: float, interval: float = 0.1, sleep: Callable[[float], None] = time.sleep
+) -> bool:
+    """Poll `condition` until it holds (True) or `timeout` seconds have passed (False). `sleep=gevent.sleep` lets
+    this process's greenlets run meanwhile (an xdist worker's standard library is not patched)."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             return False
-        time.sleep(interval)
+        sleep(interval)
     return True
 
 

@@ -66,7 +66,7 @@ def test_a_run_with_images_sends_them_and_the_server_counts_their_tokens(vision_
     before = finished_counts(vision_vllm.url)
     proc = locust(
         "--host", vision_vllm.url, "--endpoint", "chat", "--images", "1:64x64", "--dataset", f"synthetic:{TEXT}",
-        "--max-tokens", "8", "--ignore-eos", "--stop-timeout", "60",
+        "--max-tokens", "8", "--ignore-eos",
         "--steps", "2", "--step-duration", "6s", "--step-warmup", "2s", "--run-dir", str(run_dir),
         timeout=180,
     )  # fmt: skip
@@ -75,8 +75,9 @@ def test_a_run_with_images_sends_them_and_the_server_counts_their_tokens(vision_
     records = load_records(run_dir)
     ok = records[records["status"] == "ok"]
     cut = records[records["error_type"] == "cut_off"]  # streams in flight at the stop (vLLM aborts them)
-    # At least each user's last request, which --stop-timeout lets finish (all a busy machine's slowed server may do).
-    assert len(ok) >= 2 and len(ok) + len(cut) == len(records), records["error"].dropna().unique()
+    # Without --stop-timeout: with it, a request that finished after the run's last scrape reads as a MISMATCH in
+    # the integrity check. A busy machine's slowed server may finish one request in 6 s.
+    assert len(ok) >= 1 and len(ok) + len(cut) == len(records), records["error"].dropna().unique()
     assert (ok["images"] == 1).all()
     assert len(ok) == after[0] - before[0]
     # A stream cut off at the stop had some tokens generated (and counted by the server) before vLLM aborted it: at
