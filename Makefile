@@ -14,14 +14,18 @@ venv: $(VENV)/.installed
 
 # Debian's chromium for the browser tests (tests/browser.py drives it with Playwright, whose own browsers are never
 # downloaded). A no-op when it is installed; apt-get update only if the install fails (no package lists yet).
+# `make test` runs this and `compose` side by side: apt-get takes one at a time (flock), and waits for the dpkg lock
+# another apt holds rather than failing at once.
 CHROMIUM := /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
+APT_GET := flock /tmp/vllm-loadtest-apt.lock $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+	apt-get -o DPkg::Lock::Timeout=600
+APT_INSTALL := $(APT_GET) install -y --no-install-recommends chromium
 
 browser:
 	@test -x $(CHROMIUM) || { \
 		echo "$(CHROMIUM) is missing: installing Debian's chromium"; \
-		$(APT_INSTALL) || { $(SUDO) apt-get update && $(APT_INSTALL); }; \
+		$(APT_INSTALL) || { $(APT_GET) update && $(APT_INSTALL); }; \
 	}
 	@test -x $(CHROMIUM) || { echo "$(CHROMIUM) still missing after installing chromium" >&2; exit 1; }
 
@@ -29,7 +33,7 @@ browser:
 # docker-compose package (v1.29: profiles and GPU reservations, and `config` needs no Docker engine) when neither
 # `docker compose` nor `docker-compose` answers; Docker's own `docker compose` plugin is not in Debian. Without root
 # or sudo it only says so, and the test skips its `config` check with the same reason.
-APT_COMPOSE := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends docker-compose
+APT_COMPOSE := $(APT_GET) install -y --no-install-recommends docker-compose
 
 compose:
 	@docker compose version >/dev/null 2>&1 || docker-compose version >/dev/null 2>&1 || { \
@@ -38,7 +42,7 @@ compose:
 				"tests/test_compose.py skips its config check" >&2; \
 		else \
 			echo "no Compose client: installing Debian's docker-compose"; \
-			$(APT_COMPOSE) || { $(SUDO) apt-get update && $(APT_COMPOSE); }; \
+			$(APT_COMPOSE) || { $(APT_GET) update && $(APT_COMPOSE); }; \
 			docker-compose version >/dev/null || { echo "docker-compose still missing after installing it" >&2; exit 1; }; \
 		fi; \
 	}
