@@ -47,9 +47,9 @@ def test_auto_steps_on_a_real_server_end_with_their_interval_within_the_target(v
     ok = records[records["status"] == "ok"]
     ends = (ok["start_time"] + ok["e2e_s"]).to_numpy(float)
     for t, row in zip(timeline, steps.itertuples(index=False)):
-        measured = ok[(ok["step"] == t["step"]) & ~ok["warmup"]]
-        ci = aggregate_interval(
-            ends, ok["output_tokens"].to_numpy(float), t["measure_start"], t["end_time"],
+        measured = ok[(ok["step"] == t["step"]) & ok["measured"]]  # the requests the step table counts
+        ci = aggregate_interval(  # an ok request without a token count adds none, as in the step table
+            ends, ok["output_tokens"].fillna(0).to_numpy(float), t["measure_start"], t["end_time"],
             float(measured["e2e_s"].median()), ok["start_time"].to_numpy(float),
         )  # fmt: skip
         # The step table's own interval is the one the decision judged (missing in both when the window held too few
