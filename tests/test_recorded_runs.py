@@ -22,6 +22,7 @@ from vllm_loadtest.analysis.diagnosis import KV_CACHE, LOAD_GENERATOR
 from vllm_loadtest.analysis.finish import compute_run
 
 from tests.helpers.paths import FIXTURES
+from tests.helpers.vllm import window_stats
 
 pytestmark = pytest.mark.unit
 
@@ -87,14 +88,9 @@ def test_the_server_columns_are_the_raw_samples_of_each_measured_window(saturate
             ("vllm:num_requests_running", "running"),
             ("vllm:num_requests_waiting", "waiting"),
         ):
-            window = metrics[
-                (metrics["metric"] == metric)
-                & (metrics["timestamp"] >= step["measure_start"])
-                & (metrics["timestamp"] < step["end_time"])
-            ]
-            per_scrape = window.groupby("timestamp")["value"].sum()
-            assert getattr(row, f"{column}_mean") == pytest.approx(per_scrape.mean()), (step["users"], column)
-            assert getattr(row, f"{column}_max") == pytest.approx(per_scrape.max()), (step["users"], column)
+            mean, peak = window_stats(metrics, metric, step["measure_start"], step["end_time"])
+            assert getattr(row, f"{column}_mean") == pytest.approx(mean), (step["users"], column)
+            assert getattr(row, f"{column}_max") == pytest.approx(peak), (step["users"], column)
 
 
 def test_the_integrity_check_matches_the_records_with_the_servers_counters(saturated):

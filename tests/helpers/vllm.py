@@ -1,10 +1,11 @@
-"""The real vLLM's own counters, read from its /metrics."""
+"""The real vLLM's own counters, read from its /metrics, and its gauges in a run's metrics.parquet."""
 
 from __future__ import annotations
 
 import time
 import urllib.request
 
+import pandas as pd
 from vllm_loadtest.analysis.server_metrics import GENERATION_TOKENS, RUNNING, SUCCESS, counter_total, parse_samples
 
 
@@ -25,3 +26,10 @@ def finished_counts(url: str) -> tuple[float, float]:
         v for name, labels, v in samples if name == SUCCESS and labels.get("finished_reason") in ("stop", "length")
     )
     return done, counter_total(samples, GENERATION_TOKENS)
+
+
+def window_stats(metrics: pd.DataFrame, metric: str, start: float, end: float) -> tuple[float, float]:
+    """Mean and max of a gauge's raw samples inside [start, end), straight from metrics.parquet."""
+    rows = metrics[(metrics["metric"] == metric) & (metrics["timestamp"] >= start) & (metrics["timestamp"] < end)]
+    per_scrape = rows.groupby("timestamp")["value"].sum()
+    return float(per_scrape.mean()), float(per_scrape.max())

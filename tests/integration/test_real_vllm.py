@@ -13,7 +13,7 @@ from vllm_loadtest.locustfiles.openai_user import OpenAIStreamingUser
 
 from tests.helpers.inprocess import run_in_process
 from tests.helpers.runs import locust
-from tests.helpers.vllm import finished_counts
+from tests.helpers.vllm import finished_counts, window_stats
 
 pytestmark = pytest.mark.vllm
 
@@ -64,13 +64,6 @@ def test_vllm_rejections_carry_vllms_own_message(vllm_server, tmp_path):
     model_err = unknown[unknown["error_type"] != "cut_off"]
     assert len(model_err) > 0 and (model_err["error_type"] == "http_404").all()
     assert model_err["error"].str.contains("The model `nope` does not exist").all()
-
-
-def window_stats(metrics: pd.DataFrame, metric: str, start: float, end: float) -> tuple[float, float]:
-    """Mean and max of a gauge's raw samples inside [start, end), straight from metrics.parquet."""
-    rows = metrics[(metrics["metric"] == metric) & (metrics["timestamp"] >= start) & (metrics["timestamp"] < end)]
-    per_scrape = rows.groupby("timestamp")["value"].sum()
-    return float(per_scrape.mean()), float(per_scrape.max())
 
 
 @pytest.mark.contract
