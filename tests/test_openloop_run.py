@@ -101,7 +101,7 @@ def test_poisson_times_follow_the_seeded_schedule(fake_server, tmp_path):
 
 def test_two_processes_split_the_rate_and_interleave_their_schedules(fake_server, tmp_path):
     server = fake_server("--ttft-ms", "10", "--itl-ms", "1")
-    proc, records, steps, _ = run(
+    proc, records, steps, timeline = run(
         server, tmp_path / "r", "--rates", "10", "--arrival", "constant", "--max-users", "8", "--processes", "2",
         "--step-duration", "4s", "--step-warmup", "1s", "--stop-timeout", "5",
     )  # fmt: skip
@@ -110,6 +110,10 @@ def test_two_processes_split_the_rate_and_interleave_their_schedules(fake_server
         intended = np.sort(own["intended_start_time"].to_numpy())
         gaps = np.diff(intended)
         assert gaps == pytest.approx(np.full(len(intended) - 1, 0.2), abs=1e-6), (gaps, proc.stderr[-3000:])
-    # Together: the whole rate (each worker's step starts when the master's message arrives: not phase-exact).
+    # Together: the whole rate, each worker its half at its own phase (the gaps above). What was sent in the window
+    # is not 10 req/s exactly: a worker the busy machine stalled sends its late requests when it wakes (seen in a
+    # fresh clone: 13.3 req/s), so the column is checked against the records' own send times.
     assert steps.loc[0, "rate_rps"] == 10.0
-    assert steps.loc[0, "achieved_rps"] == pytest.approx(10.0, rel=0.25)
+    start, end = timeline[0]["measure_start"], timeline[0]["end_time"]
+    sent = ((records["start_time"] >= start) & (records["start_time"] < end)).sum()
+    assert sent > 0 and steps.loc[0, "achieved_rps"] == pytest.approx(sent / (end - start))
