@@ -115,11 +115,14 @@ def test_stepped_run_saturates_the_kv_cache_and_the_report_says_so(vllm_server, 
     # vLLM's own TTFT is inside the client's (without a queue; with one, TTFTs of seconds make the few requests
     # whose first token falls on a window edge dominate the difference); the queue time grows with the wait. The
     # gap's size is vLLM's HTTP front end and the client on a shared machine (210 ms at 16 users in CI): not bounded.
+    # A server the busy machine slowed may give no first token inside the 64-user window (each of the 64 requests
+    # got its own in the warm-up and still runs): vLLM's TTFT and queue time are then missing there, never 0.
     measured = steps[steps["requests"] > 0]
-    assert (steps["server_ttft_mean_s"] > 0).all() and measured["ttft_gap_mean_s"].notna().all()
+    server_ttft, queue = steps["server_ttft_mean_s"], steps["server_queue_time_mean_s"]
+    assert server_ttft.iloc[0] > 0 and (server_ttft.dropna() > 0).all() and measured["ttft_gap_mean_s"].notna().all()
     no_queue = measured[measured["waiting_max"] == 0]
     assert len(no_queue) >= 1 and (no_queue["ttft_gap_mean_s"] > 0).all()
-    assert top["server_queue_time_mean_s"] > steps["server_queue_time_mean_s"].iloc[0]
+    assert pd.isna(queue.iloc[-1]) or queue.iloc[-1] > queue.iloc[0]
 
     summary = json.loads((run_dir / "summary.json").read_text())
     diagnosis = summary["diagnosis"]
