@@ -23,7 +23,7 @@ from tests.helpers.runs import locust
 pytestmark = [pytest.mark.vllm, pytest.mark.contract]
 
 TARGET = 0.10
-MAX_S = 20
+MAX_S = 15
 
 
 def test_auto_steps_on_a_real_server_end_with_their_interval_within_the_target(vllm_server, tmp_path):

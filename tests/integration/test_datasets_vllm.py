@@ -19,7 +19,7 @@ def test_a_shared_prefix_run_hits_the_prefix_cache(vllm_server, tmp_path):
     run_dir = tmp_path / "run"
     proc = locust(
         "--host", vllm_server.url, "--dataset", f"shared-prefix:{PREFIX_TOKENS}", "--steps", "4",
-        "--step-duration", "20s", "--step-warmup", "5s", "--max-tokens", "32", "--ignore-eos", "--stop-timeout", "60",
+        "--step-duration", "10s", "--step-warmup", "3s", "--max-tokens", "32", "--ignore-eos", "--stop-timeout", "60",
         "--run-dir", str(run_dir),
         timeout=300,
     )  # fmt: skip
