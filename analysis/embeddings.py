@@ -160,15 +160,6 @@ def marked_rows(table: pd.DataFrame) -> list[list[str]]:
     return rows
 
 
-def throughput_text(row: pd.Series | dict) -> str:
-    """A step's inputs/s with its interval's half-width when there is one: '412 ± 9 inputs/s'."""
-    y = _as_float(row.get("inputs_per_s"))
-    hw = _half_width(dict(row), "inputs_per_s")
-    if math.isnan(hw):
-        return f"{y:.0f} inputs/s"
-    return f"{y:.0f} ± {hw:.0f} inputs/s"
-
-
 def _as_float(v: object) -> float:
     try:
         return math.nan if v is None else float(v)

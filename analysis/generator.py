@@ -115,15 +115,6 @@ def merge_generator(run_dir: Path, write: bool = True) -> pd.DataFrame:
     return df
 
 
-def load_generator(run_dir: Path) -> pd.DataFrame:
-    """A run's self-check samples: generator.parquet if present, else merged from the raw files (nothing written);
-    empty when the run has none."""
-    run_dir = Path(run_dir)
-    if (run_dir / GENERATOR_FILE).exists():
-        return pd.read_parquet(run_dir / GENERATOR_FILE)
-    return merge_generator(run_dir, write=False)
-
-
 def is_bound(lag_p99_s: float, cpu_max: float) -> bool | None:
     """Generator-bound = lag_p99_s > LAG_BOUND_S or cpu_max > CPU_BOUND; None when neither was measured."""
     measured = [v for v in (lag_p99_s, cpu_max) if v is not None and not math.isnan(v)]

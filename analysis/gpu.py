@@ -174,8 +174,3 @@ def step_gpu_table(metrics: pd.DataFrame | None, timeline: list[dict]) -> pd.Dat
         rows.append(row)
     table = pd.DataFrame(rows, columns=["step", *STEP_GPU_COLUMNS])
     return table.astype({"gpus": "Int64"})
-
-
-def has_gpu_samples(metrics: pd.DataFrame | None) -> bool:
-    """Whether any GPU exporter was scraped with success (the report's and console's GPU sections show then)."""
-    return bool(len(gpu_series(metrics)))
