@@ -28,6 +28,24 @@ DEFAULT_MAX_USERS = 1000
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "embeddings": "/v1/embeddings"}
 
 
+# Locust's own options that shape a run: run.json keeps them beside every option of the suite's. An allow-list,
+# so that Locust's secrets (--web-auth) never land there.
+LOCUST_SAVED = (
+    "host", "num_users", "spawn_rate", "run_time", "stop_timeout", "processes", "headless", "master", "worker",
+    "expect_workers",
+)  # fmt: skip
+
+
+def saved_names() -> tuple[str, ...]:
+    """run.json's options: LOCUST_SAVED, then every option add_arguments declares but the secrets (is_secret),
+    read off a parser so that a new option is saved without a list to keep up to date."""
+    from locust.argument_parser import LocustArgumentParser
+
+    parser = LocustArgumentParser(add_help=False)
+    add_arguments(parser)
+    return LOCUST_SAVED + tuple(a.dest for a in parser._actions if not getattr(a, "is_secret", False))
+
+
 def api_key(options) -> str | None:
     """--api-key, else the environment variable named by --api-key-env; None when neither is set."""
     return getattr(options, "api_key", "") or os.environ.get(options.api_key_env or "OPENAI_API_KEY") or None

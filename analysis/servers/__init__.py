@@ -36,7 +36,6 @@ CANONICAL: dict[str, str] = {
 HISTOGRAMS = frozenset({"ttft_histogram", "queue_histogram"})
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
-SERVER_TYPES = ("auto", "vllm", "sglang", "tgi", "llamacpp", "openai")
 DEFAULT = "vllm"  # an unresolved `auto` (no detection ran): today's behaviour
 FALLBACK = "openai"  # `auto` with nothing recognisable: see detect()
 
@@ -132,6 +131,7 @@ def _profile(module) -> ServerProfile:
 
 
 PROFILES: dict[str, ServerProfile] = {p.name: p for p in map(_profile, (vllm, sglang, tgi, llamacpp, openai))}
+SERVER_TYPES = ("auto", *PROFILES)  # --server-type's choices: detection, then every profile
 
 
 def get(name: str | ServerProfile | None) -> ServerProfile:
