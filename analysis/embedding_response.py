@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import orjson
 
+from . import error_body
+
 BAD_RESPONSE = "bad_response"  # a 200 embeddings body that breaks the contract (records' error_type)
 _NUMBERS = frozenset((float, int))  # JSON numbers as orjson parses them (bool is its own type: not a number)
 FLOAT32_BYTES = 4
@@ -71,9 +73,8 @@ def parse_embeddings(body: bytes | bytearray, inputs: int, encoding_format: str 
     data = obj.get("data")
     if not isinstance(data, list):
         if "error" in obj:  # an error object with HTTP 200 (a proxy, or a server that reports errors in the body)
-            err = obj["error"]
-            message = err.get("message") if isinstance(err, dict) else err
-            return EmbeddingAnswer(prompt_tokens=prompt_tokens, error=f"an error with HTTP 200: {str(message)[:200]}")
+            message = error_body.message_of(obj) or str(obj["error"])[:200]
+            return EmbeddingAnswer(prompt_tokens=prompt_tokens, error=f"an error with HTTP 200: {message}")
         return EmbeddingAnswer(prompt_tokens=prompt_tokens, error="the body has no data list")
     vectors = len(data)
     if vectors != inputs:

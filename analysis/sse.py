@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from . import error_body
+
 # Error categories shared by the client, the records and the tables.
 # Non-200 answers before the stream are categorized "http_<status>" (http_429, http_503, ...).
 STREAM_ERROR = "stream_error"  # an error event inside a 200 stream
@@ -122,15 +124,6 @@ def _cached_tokens(usage: dict) -> int | None:
     return None if cached is None else int(cached)
 
 
-def _error_message(obj: dict) -> str:
-    err = obj.get("error")
-    if isinstance(err, dict):
-        return str(err.get("message") or err)
-    if err is not None:
-        return str(err)
-    return str(obj.get("message") or obj)
-
-
 def _choice_text(choice: object) -> str:
     """The answer text a choice carries: `text` (completions) or `delta.content` (chat); reasoning is not kept."""
     if type(choice) is not dict:
@@ -185,7 +178,10 @@ class StreamParser:
             return False
         out.events += 1
         if "error" in obj or obj.get("object") == "error":
-            out.error_type, out.error = STREAM_ERROR, _error_message(obj)
+            out.error_type, out.error = (
+                STREAM_ERROR,
+                error_body.message_of(obj) or " ".join(str(obj).split())[: error_body.MESSAGE_CHARS],
+            )
             return False
 
         choices = obj.get("choices")

@@ -24,7 +24,7 @@ from geventhttpclient.url import URL
 from locust import User, task
 from locust.exception import StopTest
 
-from ..analysis import glossary, servers
+from ..analysis import error_body, glossary, servers
 from ..analysis.embedding_response import BAD_RESPONSE, EmbeddingAnswer, parse_embeddings
 from ..analysis.outages import next_backoff, refused
 from ..analysis.records import RequestRecord
@@ -125,26 +125,6 @@ def embedding_text(prompt: str | list[dict]) -> str:
         if content:
             lines.append(str(content))
     return "\n".join(lines)
-
-
-def error_message_from_body(body: bytes) -> str:
-    """The server's own message from an OpenAI-style error body, else the start of the body."""
-    text = body.decode("utf-8", errors="replace")
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return " ".join(text.split())[:300] or "(empty body)"
-    if isinstance(obj, dict):
-        err = obj.get("error", obj)
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])[:300]
-        if isinstance(err, str):
-            return err[:300]
-        if obj.get("message"):
-            return str(obj["message"])[:300]
-        if obj.get("detail"):
-            return str(obj["detail"])[:300]
-    return text[:300]
 
 
 class OpenAIStreamingUser(User):
@@ -405,7 +385,7 @@ class OpenAIStreamingUser(User):
             if http.status == 0:
                 failure = LLMRequestError(CONNECTION_ERROR, "the server closed the connection before answering")
             elif http.status != 200:
-                failure = LLMRequestError(f"http_{http.status}", error_message_from_body(http.error_body))
+                failure = LLMRequestError(f"http_{http.status}", error_body.message_from_body(http.error_body))
             elif not http.complete:
                 failure = LLMRequestError(
                     CONNECTION_ERROR, f"the connection closed after {http.nbytes} byte(s) of the body, before its end"
@@ -512,7 +492,7 @@ class OpenAIStreamingUser(User):
             if http.status == 0:
                 failure = LLMRequestError(CONNECTION_ERROR, "the server closed the connection before answering")
             elif http.status != 200:
-                failure = LLMRequestError(f"http_{http.status}", error_message_from_body(http.error_body))
+                failure = LLMRequestError(f"http_{http.status}", error_body.message_from_body(http.error_body))
         except GreenletExit:
             if http.t0:  # stopped while connecting: nothing was sent, so there is no request to record
                 cut = LLMRequestError(CUT_OFF, "the load generator stopped this user mid-request")

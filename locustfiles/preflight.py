@@ -14,7 +14,7 @@ import gevent
 from geventhttpclient import HTTPClient
 from geventhttpclient.url import URL
 
-from ..analysis import servers
+from ..analysis import error_body, servers
 from ..analysis.diskio import remove_quietly
 from ..analysis.embedding_response import parse_embeddings
 from . import options as opts_mod
@@ -189,8 +189,8 @@ def check_embeddings(options, model: str) -> None:
     if response.status_code != 200:
         raise SetupError(
             f"--endpoint embeddings: {host}/v1/embeddings answered HTTP {response.status_code} for model {model!r} "
-            f"({_error_message(body)}); serve an embedding model (vLLM: vllm serve MODEL --runner pooling) or use "
-            "--endpoint completions or chat"
+            f"({error_body.message_from_body(body)}); serve an embedding model (vLLM: vllm serve MODEL --runner "
+            "pooling) or use --endpoint completions or chat"
         )
     answer = parse_embeddings(body, 1, options.encoding_format)
     if answer.error is not None:
@@ -198,21 +198,6 @@ def check_embeddings(options, model: str) -> None:
             f"--endpoint embeddings: {host}/v1/embeddings answered a body that is not an embeddings list "
             f"({answer.error}); point --host at an OpenAI-compatible embeddings server"
         )
-
-
-def _error_message(body: bytes) -> str:
-    """The server's message from an error body (OpenAI's error.message, FastAPI's detail), else its start."""
-    text = body.decode("utf-8", errors="replace")
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return " ".join(text.split())[:200] or "an empty body"
-    if isinstance(obj, dict):
-        err = obj.get("error", obj)
-        message = err.get("message") or err.get("detail") if isinstance(err, dict) else err
-        if message:
-            return " ".join(str(message).split())[:200]
-    return " ".join(text.split())[:200]
 
 
 def _get(url: str, timeout: float, accept: str = "application/json") -> tuple[int, bytes]:
