@@ -50,7 +50,6 @@ CONNECT_TIMEOUT_S = 30.0
 # repeat hold at most this much text (lcm(items, --batch-size) inputs); beyond, each body is serialized per request.
 EMBED_PREPARED_BYTES = 64 << 20
 _PLACEHOLDER = datasets.REQUEST_ID_PLACEHOLDER.encode("latin-1")
-_user_numbers = itertools.count()  # users started by this process, for their seeds
 
 
 class LLMRequestError(Exception):
@@ -149,6 +148,10 @@ class OpenAIStreamingUser(User):
             return 0.0
         return self._backoff_s
 
+    def _user_seed(self, opts) -> str:
+        """This user's seed: reproducible for the same --seed and user layout (worker, order of start)."""
+        return f"{opts.seed}:{getattr(self.environment.runner, 'worker_index', 0)}:{next(self.run.user_numbers)}"
+
     def on_start(self) -> None:
         env = self.environment
         opts = env.parsed_options
@@ -196,7 +199,7 @@ class OpenAIStreamingUser(User):
         self._prepare = self.http.prepare if self.images is None else self._prepare_with_images
         if self.trace:
             # Per user, the seed of its images (the other requests draw theirs in _prepare_dataset).
-            self._seed = f"{opts.seed}:{getattr(self.environment.runner, 'worker_index', 0)}:{next(_user_numbers)}"
+            self._seed = self._user_seed(opts)
             # The trace's rows: their bodies built by the process's replay (locustfiles/trace_run.py), ahead.
             self.replay = self.run.trace_replay(
                 self.host, self.model, lambda prompt, n: build_payload(opts, self.model, prompt, n)
@@ -222,9 +225,8 @@ class OpenAIStreamingUser(User):
         self.dataset_spec = dataset.spec
         self.items = dataset.items
         self.max_tokens = datasets.parse_max_tokens(opts.max_tokens_dist, opts.max_tokens, source)
-        runner = self.environment.runner
         # Per user, its own draws (start and max_tokens), reproducible for the same --seed and user layout.
-        self._seed = f"{opts.seed}:{getattr(runner, 'worker_index', 0)}:{next(_user_numbers)}"
+        self._seed = self._user_seed(opts)
         self.rng = random.Random(self._seed)
         # `fixed` starts every user at the first prompt, as before sources; the others spread the users out.
         self._next_body = 0 if isinstance(source, datasets.FixedSource) else self.rng.randrange(len(self.items))
@@ -258,8 +260,7 @@ class OpenAIStreamingUser(User):
         self.items = dataset.items
         self.batch_size = batch = int(opts.batch_size)
         self.encoding_format = opts.encoding_format
-        runner = self.environment.runner
-        self._seed = f"{opts.seed}:{getattr(runner, 'worker_index', 0)}:{next(_user_numbers)}"
+        self._seed = self._user_seed(opts)
         self.rng = random.Random(self._seed)
         if "embedding_texts" not in dataset.prepared:  # once per process: the users share the strings
             dataset.prepared["embedding_texts"] = [embedding_text(item.prompt) for item in self.items]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import itertools
 import logging
 import os
 import signal
@@ -42,14 +43,13 @@ from . import options as opts_mod
 from .datasets import Dataset, build_dataset, check_dataset
 from .distributed import RECORDS_EVENT, RecordShipper, WorkerLedger, register_worker_stop
 from .preflight import (
-    _PREFLIGHT_DATASETS,
+    Built,
     RunDirError,
     SetupError,
     check_run_dir,
     dataset_key,
     discover_model,
     fetch_server_version,
-    gpu_unanswered,
     preflight,
     remove_created,
     resolve_server,
@@ -92,8 +92,10 @@ def unused_run_dir(path: Path) -> Path:
 class RunContext:
     """Per-process state of one Locust process: run directory, record file, step tracker, resolved model."""
 
-    def __init__(self, environment) -> None:
+    def __init__(self, environment, built: Built | None = None) -> None:
         self.environment = environment
+        self._built = built or Built()  # what the headless preflight built: taken instead of built again
+        self.user_numbers = itertools.count()  # users started by this process, for their seeds
         self.worker_name = f"{socket.gethostname()}-{os.getpid()}"
         self.tracker = StepTracker(environment, on_change=self._save_timeline)
         self.run_dir: Path | None = None
@@ -160,8 +162,8 @@ class RunContext:
         o = self.environment.parsed_options
         key = dataset_key(o, host, model)
         if key not in self._datasets:  # a failed build stays failed: it is a setup error, not retried per user
-            if key in _PREFLIGHT_DATASETS:  # built (and so validated) before any load, by preflight()
-                self._datasets[key] = gevent.spawn(_PREFLIGHT_DATASETS.pop, key)
+            if key in self._built.datasets:  # built (and so validated) before any load, by preflight()
+                self._datasets[key] = gevent.spawn(self._built.datasets.pop, key)
             else:
                 self._datasets[key] = gevent.spawn(build_dataset, o.dataset, o, host, model, opts_mod.api_key(o))
         try:
@@ -181,7 +183,7 @@ class RunContext:
         o = self.environment.parsed_options
         key = trace_run.replay_key(o, host, model)
         if key not in self._replays:  # a failed build stays failed: it is a setup error, not retried per user
-            built = trace_run.take_preflight(o, host, model)
+            built = self._built.replays.pop(key, None)
             if built is not None:
                 self._replays[key] = gevent.spawn(lambda: built)
             else:
@@ -460,7 +462,7 @@ class RunContext:
             model=options.model or None,
             server=server,
             gpu_urls=gpu_urls,
-            warned=gpu_unanswered(),  # the preflight said so already: one warning per exporter
+            warned=self._built.gpu_unanswered,  # the preflight said so already: one warning per exporter
         ).start()
 
     def _read_server_version(self, host: str) -> None:
@@ -544,14 +546,14 @@ class _NoStopCallerLookup:
         raise RuntimeError("the caller lookup is skipped: it blocks the event loop while streams are read")
 
 
-def register(environment) -> RunContext:
-    """Attach the suite to an environment (call from an `init` listener)."""
+def register(environment, built: Built | None = None) -> RunContext:
+    """Attach the suite to an environment (call from an `init` listener); `built`: what the preflight built."""
     locust.runners.inspect = _NoStopCallerLookup()
     events = environment.events
     for name in SUITE_EVENTS:
         if not hasattr(events, name):
             setattr(events, name, EventHook())
-    ctx = RunContext(environment)
+    ctx = RunContext(environment, built)
     environment.vllm_loadtest = ctx
     events.test_start.add_listener(ctx.on_test_start)
     events.test_stopping.add_listener(ctx.on_test_stopping)
@@ -618,6 +620,7 @@ def _on_init(environment, **_kw) -> None:
         message = apply_users_shortcut(options)
         if message:
             logger.info(message)
+    built = None
     if options is not None and environment.runner is not None and not isinstance(environment.runner, WorkerRunner):
         created: list[Path] = []
         try:
@@ -631,14 +634,14 @@ def _on_init(environment, **_kw) -> None:
                 if warning:
                     logger.warning(warning)
             if options.headless and options.host:
-                preflight(options)
+                built = preflight(options)
         except (ValueError, SetupError) as e:
             remove_created(created)  # a run that does not start leaves no empty run directory behind
             if options.headless:
                 sys.stderr.write(f"error: {e}\n")
                 sys.exit(EXIT_SETUP_ERROR)
             logger.error("%s (fix it in the start form)", e)
-    register(environment)
+    register(environment, built)
 
 
 def install(events=None) -> None:

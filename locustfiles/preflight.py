@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import gevent
@@ -117,8 +118,15 @@ def remove_created(folders: list[Path]) -> None:
             return  # not empty (or gone): it and its parents stay
 
 
-# Datasets built by preflight(), by dataset_key(): the process's users take them instead of building them again.
-_PREFLIGHT_DATASETS: dict[tuple, Dataset] = {}
+@dataclass
+class Built:
+    """What the headless preflight built before any load, handed to the process's RunContext (plugin.register): its
+    users take the dataset and the trace's replay (by dataset_key, trace_run.replay_key) instead of building them
+    again, and the scraper does not warn again about the GPU exporters the preflight found silent."""
+
+    datasets: dict[tuple, Dataset] = field(default_factory=dict)
+    replays: dict[tuple, object] = field(default_factory=dict)  # trace_run.Replay
+    gpu_unanswered: frozenset[str] = frozenset()
 
 
 def dataset_key(options, host: str, model: str) -> tuple:
@@ -132,7 +140,7 @@ def dataset_key(options, host: str, model: str) -> tuple:
     )  # fmt: skip
 
 
-def preflight(options) -> None:
+def preflight(options) -> Built:
     """Before any load (headless): the host answers, the API key is accepted, --model is a model it serves, and
     --dataset can be built against it (a prompt length the tokenizer cannot make, a file nothing of fits)."""
     models = list_models(options.host, options.read_timeout, opts_mod.api_key(options))
@@ -149,15 +157,18 @@ def preflight(options) -> None:
     resolve_server(options)  # before the dataset: the tokenizer endpoint is the profile's
     if getattr(options, "endpoint", "") == "embeddings":
         check_embeddings(options, model)
-    check_gpu_endpoints(options)
+    built = Built(gpu_unanswered=check_gpu_endpoints(options))
     key = dataset_key(options, options.host, model)
-    _PREFLIGHT_DATASETS[key] = build_dataset(options.dataset, options, options.host, model, opts_mod.api_key(options))
+    built.datasets[key] = build_dataset(options.dataset, options, options.host, model, opts_mod.api_key(options))
     if trace_run.active(options):
         # The trace reads and its prompts can be built (a master sends none: it only reads the trace).
         try:
-            trace_run.preflight(options, options.host, model, opts_mod.api_key(options), load_only=options.master)
+            replay = trace_run.preflight(options, options.host, model, opts_mod.api_key(options), options.master)
         except ValueError as e:
             raise SetupError(str(e)) from None
+        if replay is not None:
+            built.replays[trace_run.replay_key(options, options.host, model)] = replay
+    return built
 
 
 def check_embeddings(options, model: str) -> None:
@@ -244,31 +255,23 @@ def fetch_metric_names(url: str, timeout: float = 5.0) -> set[str] | None:
         return None
 
 
-# The GPU exporters the preflight found silent (or serving no DCGM_ series), already warned about: the scraper does
-# not warn about them again (one warning per exporter and run).
-_GPU_UNANSWERED: set[str] = set()
-
-
-def gpu_unanswered() -> frozenset[str]:
-    """The --gpu-metrics-url endpoints the preflight has warned about."""
-    return frozenset(_GPU_UNANSWERED)
-
-
-def check_gpu_endpoints(options, timeout: float | None = None) -> None:
+def check_gpu_endpoints(options, timeout: float | None = None) -> frozenset[str]:
     """Each --gpu-metrics-url answers with DCGM_ series; one warning per exporter that does not, and the run goes on
-    (GPU telemetry is optional: its columns stay empty while it is missing). Asked at once, a scrape's timeout."""
+    (GPU telemetry is optional: its columns stay empty while it is missing). Asked at once, a scrape's timeout.
+    Returns the exporters warned about: the scraper does not warn about them again (one warning per exporter)."""
     urls = opts_mod.gpu_metrics_urls(options)
     if not urls:
-        return
+        return frozenset()
     if timeout is None:
         timeout = max(1.0, min(5.0, float(getattr(options, "scrape_interval", 1.0) or 1.0) * 2))
     asked = {url: gevent.spawn(_gpu_answer, url, timeout) for url in urls}
-    _GPU_UNANSWERED.clear()
+    unanswered = set()
     for url, job in asked.items():
         problem = job.get()
         if problem is not None:
-            _GPU_UNANSWERED.add(url)
+            unanswered.add(url)
             logger.warning("%s; the run goes on, without its GPU samples (check --gpu-metrics-url)", problem)
+    return frozenset(unanswered)
 
 
 def _gpu_answer(url: str, timeout: float) -> str | None:

@@ -288,11 +288,6 @@ def build_replay(options, host: str, model: str, api_key: str | None = None) -> 
     return Replay(trace, prompts, notes)
 
 
-# Replays built by the preflight (a headless run's checks), by key: the process's users take it instead of
-# building it again.
-_PREFLIGHT: dict[tuple, Replay] = {}
-
-
 def replay_key(options, host: str, model: str) -> tuple:
     """Everything a built replay depends on."""
     return (
@@ -303,13 +298,9 @@ def replay_key(options, host: str, model: str) -> tuple:
     )  # fmt: skip
 
 
-def preflight(options, host: str, model: str, api_key: str | None, load_only: bool = False) -> None:
-    """Before any load: the trace reads, and (in a load process) its prompts can be built against the server;
-    raises ValueError (TraceError, DatasetError) with a one-line fix."""
+def preflight(options, host: str, model: str, api_key: str | None, load_only: bool = False) -> Replay | None:
+    """Before any load: the trace reads, and (in a load process) its prompts can be built against the server: the
+    replay, for the process's users to take (None with load_only); raises ValueError (TraceError, DatasetError) with
+    a one-line fix."""
     load(options)
-    if not load_only:
-        _PREFLIGHT[replay_key(options, host, model)] = build_replay(options, host, model, api_key)
-
-
-def take_preflight(options, host: str, model: str) -> Replay | None:
-    return _PREFLIGHT.pop(replay_key(options, host, model), None)
+    return None if load_only else build_replay(options, host, model, api_key)

@@ -295,7 +295,7 @@ def test_the_scraper_polls_gpu_exporters_without_a_server_and_warns_once_per_fai
 
 
 def test_the_preflight_warns_once_per_exporter_that_is_silent_or_not_a_dcgm_exporter(caplog):
-    from vllm_loadtest.locustfiles.preflight import check_gpu_endpoints, gpu_unanswered
+    from vllm_loadtest.locustfiles.preflight import check_gpu_endpoints
 
     from tests.helpers.net import free_port
     from tests.helpers.servers import FakeDCGM, FakeServer
@@ -304,7 +304,7 @@ def test_the_preflight_warns_once_per_exporter_that_is_silent_or_not_a_dcgm_expo
     silent = f"http://127.0.0.1:{free_port()}/metrics"
     try:
         options = parse_options("--gpu-metrics-url", f"{dcgm.metrics_url},{silent},{server.url}/metrics")
-        check_gpu_endpoints(options, timeout=2.0)
+        unanswered = check_gpu_endpoints(options, timeout=2.0)
     finally:
         dcgm.stop()
         server.stop()
@@ -312,4 +312,4 @@ def test_the_preflight_warns_once_per_exporter_that_is_silent_or_not_a_dcgm_expo
     assert len(warnings) == 2, warnings
     assert silent in warnings[0] and "do not answer" in warnings[0]
     assert f"{server.url}/metrics serves no DCGM_ series" in warnings[1]  # the server's own /metrics, by mistake
-    assert gpu_unanswered() == {silent, f"{server.url}/metrics"}  # the scraper does not warn about these again
+    assert unanswered == {silent, f"{server.url}/metrics"}  # the scraper does not warn about these again
