@@ -200,21 +200,19 @@ class ImageMaker:
         return base
 
 
-_makers: dict[tuple, ImageMaker] = {}
-
-
 def spec_of(options) -> ImageSpec | None:
     """The run's --images (checked before the run), or None."""
     return parse_images(getattr(options, "images", "") or "")
 
 
-def maker(options) -> ImageMaker | None:
-    """The process's ImageMaker for the run's options (one base pool shared by its users), or None without
-    --images."""
+def maker_key(options) -> tuple | None:
+    """What an ImageMaker depends on; None without --images."""
     spec = spec_of(options)
-    if spec is None:
-        return None
-    key = (spec, options.image_format, options.seed, bool(options.image_reuse))
-    if key not in _makers:
-        _makers[key] = ImageMaker(spec, options.image_format, options.seed, bool(options.image_reuse)).warm()
-    return _makers[key]
+    return None if spec is None else (spec, options.image_format, options.seed, bool(options.image_reuse))
+
+
+def build_maker(options) -> ImageMaker | None:
+    """An ImageMaker for the run's options, its base pool built (plugin.RunContext keeps one per process, shared by
+    its users), or None without --images."""
+    key = maker_key(options)
+    return None if key is None else ImageMaker(key[0], *key[1:]).warm()

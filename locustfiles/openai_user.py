@@ -193,7 +193,7 @@ class OpenAIStreamingUser(User):
             keep_alive=opts.keep_alive,
         )
         # --images: the process's image maker; each body's placeholders get the request's data URLs (_prepare).
-        self.images = images.maker(opts)
+        self.images = self.run.image_maker(opts)
         self.image_count = None if self.images is None else self.images.spec.count
         self._image_requests = itertools.count()
         self._prepare = self.http.prepare if self.images is None else self._prepare_with_images

@@ -96,6 +96,7 @@ class RunContext:
         self.environment = environment
         self._built = built or Built()  # what the headless preflight built: taken instead of built again
         self.user_numbers = itertools.count()  # users started by this process, for their seeds
+        self._image_makers: dict[tuple, images.ImageMaker] = {}  # --images: one base pool per options
         self.worker_name = f"{socket.gethostname()}-{os.getpid()}"
         self.tracker = StepTracker(environment, on_change=self._save_timeline)
         self.run_dir: Path | None = None
@@ -176,6 +177,18 @@ class RunContext:
             self._save_timeline(self.tracker.timeline)
         return dataset
 
+    @property
+    def traces(self) -> trace_run.Traces:
+        """--trace: the process's trace, read once."""
+        return self._built.traces
+
+    def image_maker(self, options) -> images.ImageMaker | None:
+        """--images: the process's ImageMaker (one base pool shared by its users), or None without --images."""
+        key = images.maker_key(options)
+        if key is not None and key not in self._image_makers:
+            self._image_makers[key] = images.build_maker(options)
+        return None if key is None else self._image_makers[key]
+
     def trace_replay(self, host: str, model: str, payload):
         """--trace: this process's replay (the trace, its prompts, its rows' bodies built ahead), built once per
         options by a greenlet of its own; the first user to get it this run starts building its rows' bodies with
@@ -187,7 +200,8 @@ class RunContext:
             if built is not None:
                 self._replays[key] = gevent.spawn(lambda: built)
             else:
-                self._replays[key] = gevent.spawn(trace_run.build_replay, o, host, model, opts_mod.api_key(o))
+                build = trace_run.build_replay
+                self._replays[key] = gevent.spawn(build, o, host, model, opts_mod.api_key(o), self.traces)
         try:
             replay = self._replays[key].get()
         except ValueError as e:  # TraceError, DatasetError (the tokenizer)
@@ -221,7 +235,7 @@ class RunContext:
         request_options.forget()  # the --tools file is read again for this run (the web UI runs several)
         if self.is_controller and not options.headless:
             try:
-                check_options(options)  # the web UI's start form may have changed them
+                check_options(options, self.traces)  # the web UI's start form may have changed them
             except ValueError as e:
                 logger.error("%s; fix it in the start form", e)
                 gevent.spawn(environment.runner.stop)
@@ -269,12 +283,12 @@ class RunContext:
         self._replay = None  # --trace: built again for this run's ranks (the bodies; the trace is kept)
         if self.generates_load and getattr(options, "images", ""):
             try:  # --images: the process's base pool built now, before any request (~170 ms for 512x512 PNG)
-                images.maker(options)
+                self.image_maker(options)
             except ValueError:
                 pass  # refused before the run by check_options; the web UI's form says it again at the start
         if self.is_controller and trace_run.active(options):
             try:
-                trace = trace_run.load(options)
+                trace = trace_run.load(options, self.traces)
                 blocks = int(options.trace_block_tokens)
                 logger.info("Trace: %s", trace_summary(trace, blocks))
                 self.trace_info = trace_run.info(trace, options, ideal=ideal_prefix_hit_rate(trace, blocks))
@@ -519,9 +533,10 @@ class RunContext:
                 logger.warning("%s: it keeps its previous version (%s)", e, e.fix)
 
 
-def check_options(options) -> None:
-    """Every check of the suite's options that needs no server; raises ValueError with a one-line message."""
-    trace_run.check(options)  # first: --trace with --rates or --find-capacity is named as such
+def check_options(options, traces: trace_run.Traces | None = None) -> None:
+    """Every check of the suite's options that needs no server; raises ValueError with a one-line message. `traces`:
+    the process's, so that the trace read here is not read again."""
+    trace_run.check(options, traces)  # first: --trace with --rates or --find-capacity is named as such
     opts_mod.check(options)
     request_options.check(options)  # --chat-template-kwargs, --tools, --tool-choice, --extra-body
     check_dataset(options)
@@ -620,11 +635,11 @@ def _on_init(environment, **_kw) -> None:
         message = apply_users_shortcut(options)
         if message:
             logger.info(message)
-    built = None
+    built = Built()
     if options is not None and environment.runner is not None and not isinstance(environment.runner, WorkerRunner):
         created: list[Path] = []
         try:
-            check_options(options)
+            check_options(options, built.traces)
             if options.headless:
                 # Created and written before any load (a probe file); the default's timestamped folder is made
                 # under reports/ at the start, on the same disk.
@@ -634,7 +649,7 @@ def _on_init(environment, **_kw) -> None:
                 if warning:
                     logger.warning(warning)
             if options.headless and options.host:
-                built = preflight(options)
+                preflight(options, built)
         except (ValueError, SetupError) as e:
             remove_created(created)  # a run that does not start leaves no empty run directory behind
             if options.headless:

@@ -127,6 +127,7 @@ class Built:
     datasets: dict[tuple, Dataset] = field(default_factory=dict)
     replays: dict[tuple, object] = field(default_factory=dict)  # trace_run.Replay
     gpu_unanswered: frozenset[str] = frozenset()
+    traces: trace_run.Traces = field(default_factory=trace_run.Traces)  # --trace, read once per process
 
 
 def dataset_key(options, host: str, model: str) -> tuple:
@@ -140,7 +141,7 @@ def dataset_key(options, host: str, model: str) -> tuple:
     )  # fmt: skip
 
 
-def preflight(options) -> Built:
+def preflight(options, built: Built | None = None) -> Built:
     """Before any load (headless): the host answers, the API key is accepted, --model is a model it serves, and
     --dataset can be built against it (a prompt length the tokenizer cannot make, a file nothing of fits)."""
     models = list_models(options.host, options.read_timeout, opts_mod.api_key(options))
@@ -157,13 +158,15 @@ def preflight(options) -> Built:
     resolve_server(options)  # before the dataset: the tokenizer endpoint is the profile's
     if getattr(options, "endpoint", "") == "embeddings":
         check_embeddings(options, model)
-    built = Built(gpu_unanswered=check_gpu_endpoints(options))
+    built = built or Built()
+    built.gpu_unanswered = check_gpu_endpoints(options)
     key = dataset_key(options, options.host, model)
     built.datasets[key] = build_dataset(options.dataset, options, options.host, model, opts_mod.api_key(options))
     if trace_run.active(options):
         # The trace reads and its prompts can be built (a master sends none: it only reads the trace).
         try:
-            replay = trace_run.preflight(options, options.host, model, opts_mod.api_key(options), options.master)
+            key = opts_mod.api_key(options)
+            replay = trace_run.preflight(options, options.host, model, key, options.master, built.traces)
         except ValueError as e:
             raise SetupError(str(e)) from None
         if replay is not None:

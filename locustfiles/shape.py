@@ -510,7 +510,7 @@ class StepLoadShape(LoadTestShape):
                     self._waiting_said = now
                     logger.info("waiting for every load process to build the trace's prompts and spawn its users")
                 return spawn
-            trace = trace_run.load(opts)
+            trace = trace_run.load(opts, environment.vllm_loadtest.traces)
             span = trace_run.span_s(trace, opts)
             windows = trace_run.windows(trace.offsets_s, span, plan.duration)
             logger.info(

@@ -62,7 +62,7 @@ def slice_of(options) -> tuple[float, float | None, float]:
     return start, duration, speed
 
 
-def check(options) -> None:
+def check(options, traces: Traces | None = None) -> None:
     """The --trace options, and the trace itself (read here, before any load); raises ValueError with a one-line
     fix. Without --trace, the other --trace-* flags changed from their defaults are refused: they would do
     nothing."""
@@ -109,7 +109,7 @@ def check(options) -> None:
         raise ValueError(f"--trace-block-tokens {blocks} must be at least 1 (Mooncake's traces use 512)")
     if options.max_users < 1:
         raise ValueError(f"--max-users {options.max_users} must be at least 1")
-    trace = load(options)
+    trace = load(options, traces)
     # The warm-up applies to the first window, which is shorter than --step-duration when the replay is.
     warmup = opts_mod.parse_duration(options.step_warmup, "--step-warmup", allow_zero=True)
     first = min(opts_mod.parse_duration(options.step_duration, "--step-duration"), span_s(trace, options))
@@ -120,8 +120,19 @@ def check(options) -> None:
         )
 
 
-# The trace of each set of options, read once per process (the checks, the preflight and the users all ask).
-_TRACES: dict[tuple, Trace] = {}
+class Traces:
+    """The process's trace, read once (the checks, the preflight, the shape and the users all ask); one at a time: a
+    100,000-row trace's arrays are not kept twice. Held by the process's RunContext (preflight.Built.traces)."""
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._trace: Trace | None = None
+
+    def load(self, options) -> Trace:
+        key = _trace_key(options)
+        if key != self._key or self._trace is None:
+            self._trace, self._key = _read(options, key), key
+        return self._trace
 
 
 def _trace_key(options) -> tuple:
@@ -134,21 +145,21 @@ def _trace_key(options) -> tuple:
     return (path, version, getattr(options, "trace_format", "auto") or "auto", *slice_of(options))
 
 
-def load(options) -> Trace:
-    """The run's trace, its slice and speed applied; raises TraceError (a ValueError) naming the file, the line
-    and the fix."""
-    key = _trace_key(options)
-    if key not in _TRACES:
-        start, duration, speed = slice_of(options)
-        trace = load_trace(options.trace, key[2], start_s=start, duration_s=duration, speed=speed)
-        if len(trace) == 0:
-            raise TraceError(
-                f"--trace {options.trace}: no row in the replayed slice (--trace-start {options.trace_start}, "
-                f"--trace-duration {options.trace_duration or 'to the end'}); choose a slice that holds rows"
-            )
-        _TRACES.clear()  # one run's trace at a time: a 100,000-row trace's arrays are not kept twice
-        _TRACES[key] = trace
-    return _TRACES[key]
+def load(options, traces: Traces | None = None) -> Trace:
+    """The run's trace, its slice and speed applied (read through `traces` when given, else read now); raises
+    TraceError (a ValueError) naming the file, the line and the fix."""
+    return traces.load(options) if traces is not None else _read(options, _trace_key(options))
+
+
+def _read(options, key: tuple) -> Trace:
+    start, duration, speed = slice_of(options)
+    trace = load_trace(options.trace, key[2], start_s=start, duration_s=duration, speed=speed)
+    if len(trace) == 0:
+        raise TraceError(
+            f"--trace {options.trace}: no row in the replayed slice (--trace-start {options.trace_start}, "
+            f"--trace-duration {options.trace_duration or 'to the end'}); choose a slice that holds rows"
+        )
+    return trace
 
 
 def span_s(trace: Trace, options) -> float:
@@ -265,13 +276,13 @@ class Replay:
             self._greenlet = None
 
 
-def build_replay(options, host: str, model: str, api_key: str | None = None) -> Replay:
+def build_replay(options, host: str, model: str, api_key: str | None = None, traces: Traces | None = None) -> Replay:
     """The replay of --trace for this process: the trace and its prompts, synthesized to each row's input length
     with the server's tokenizer (the profile's endpoint, as datasets.build_dataset gets it), estimated with a
     warning without one."""
     from .datasets import server_tokenizer
 
-    trace = load(options)
+    trace = load(options, traces)
     tokenizer = server_tokenizer(host, model, api_key, options)
     why = tokenizer.probe()
     notes: list[str] = list(getattr(trace, "notes", ()) or ())
@@ -298,9 +309,11 @@ def replay_key(options, host: str, model: str) -> tuple:
     )  # fmt: skip
 
 
-def preflight(options, host: str, model: str, api_key: str | None, load_only: bool = False) -> Replay | None:
+def preflight(
+    options, host: str, model: str, api_key: str | None, load_only: bool = False, traces: Traces | None = None
+) -> Replay | None:
     """Before any load: the trace reads, and (in a load process) its prompts can be built against the server: the
     replay, for the process's users to take (None with load_only); raises ValueError (TraceError, DatasetError) with
     a one-line fix."""
-    load(options)
-    return None if load_only else build_replay(options, host, model, api_key)
+    load(options, traces)
+    return None if load_only else build_replay(options, host, model, api_key, traces)
