@@ -92,8 +92,13 @@ def test_stepped_run_saturates_the_kv_cache_and_the_report_says_so(vllm_server, 
     assert (records["status"] == "ok").all()  # --stop-timeout let the last requests finish
     metrics = pd.read_parquet(run_dir / "metrics.parquet")
     up = metrics[metrics["metric"] == "up"]
-    # A scrape that timed out on a loaded machine is recorded as up 0 (its samples missing, never 0): most answer.
-    assert len(up) >= 20 and (up["value"] == 1).mean() >= 0.9, up["value"].value_counts().to_dict()
+    # A scrape that timed out on a loaded machine is recorded as up 0 with its samples missing, never 0. How many
+    # time out is the machine's (80 % answered in a stress run): a majority, enough for each window's statistics.
+    answered = up["value"].value_counts().to_dict()
+    assert len(up) >= 20 and set(answered) <= {0.0, 1.0} and answered.get(1.0, 0) >= len(up) / 2, answered
+    silent = set(up.loc[up["value"] == 0, "timestamp"])
+    server = metrics[(metrics["source"] == "server") & (metrics["metric"] != "up")]
+    assert not silent & set(server["timestamp"])  # a failed scrape adds no sample
     run = json.loads((run_dir / "run.json").read_text())
     assert run["options"]["max_tokens"] == 128 and run["server_version"] == "0.32.0"
 
