@@ -54,9 +54,9 @@ def test_every_column_a_real_run_writes_is_declared_in_the_glossary(real_run):
     steps = pd.read_csv(run_dir / "steps.csv")
     records = pq.read_schema(run_dir / "requests.parquet").names
     missing = undeclared(list(steps.columns), STEP_SECTIONS)
-    assert not missing, f"steps.csv columns not declared in analysis/glossary.py: {missing}"
+    assert not missing, f"steps.csv columns not declared in analysis/glossary/: {missing}"
     missing = undeclared(records, (g.REQUESTS,))
-    assert not missing, f"requests.parquet columns not declared in analysis/glossary.py: {missing}"
+    assert not missing, f"requests.parquet columns not declared in analysis/glossary/: {missing}"
     assert undeclared(["ttft_p50_s", "brand_new_metric_s"], STEP_SECTIONS) == ["brand_new_metric_s"]
 
 

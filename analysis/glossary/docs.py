@@ -1,0 +1,159 @@
+"""docs/metrics.md, generated from the declarations."""
+
+from __future__ import annotations
+
+from .columns import (
+    EMBEDDINGS,
+    FORMAT,
+    FORMAT_WORDS,
+    GENERATOR,
+    GPU,
+    LIVE,
+    OPEN_LOOP,
+    REASONING,
+    REQUESTS,
+    SERVER,
+    SERVER_BOUNDS,
+    STEP,
+    STEP_END,
+    TURNS,
+    UNCERTAINTY,
+    Column,
+)
+from .metrics import markdown_table
+from .registry import WEB_UI, columns
+
+# --- docs/metrics.md -----------------------------------------------------------------------------------------
+
+DOCS_FILE = "docs/metrics.md"
+DOCS_COMMAND = f"python -m analysis glossary --write {DOCS_FILE}"
+_DOCS_SECTIONS = [
+    (STEP, "steps.csv: the step table", "One row per load step, from requests.parquet (`analysis/steps.py`); on "
+     "the console as the \"Batching curve\". A step's measured requests are those started after its warm-up and not "
+     "in flight when the load generator began to stop (cut_off). Percentiles are exact order statistics of the raw "
+     "values (linear interpolation between closest ranks, numpy's default), never Locust's response-time buckets."),
+    (SERVER, "steps.csv: the server", "vLLM's Prometheus series over each step's measured window "
+     "(`analysis/server_metrics.py`); empty without `--metrics-url` scrapes."),
+    (GENERATOR, "steps.csv: the load generator", "The load generator's self-checks (`generator.parquet`) over each "
+     "step's measured window (`analysis/generator.py`)."),
+    (OPEN_LOOP, "steps.csv: open loop", "Open-loop runs (`--rates`), last in steps.csv; empty in a closed loop but "
+     "achieved_rps (`analysis/schedule.py`)."),
+    (UNCERTAINTY, "steps.csv: confidence intervals and suspect steps", "How sure each step's numbers are (95 % "
+     "confidence intervals, computed in `analysis/steps.py` with `analysis/uncertainty.py`), and whether the step "
+     "itself can be trusted (`analysis/knee.py`); last in steps.csv. Rates over the window (aggregate tok/s): batch "
+     "means. Completions inside one step are not independent (the same users, the same batch), so a t-interval over "
+     "single requests or 1-second bins is too narrow; the window is cut into k equal batches, each at least one "
+     "median E2E long, and the t-interval is taken over the k batch rates, which assumes the step is stationary (no "
+     "trend: `stable` checks it) and the batch rates nearly independent (adjacent batches still alike, lag-1 "
+     "autocorrelation over 0.5, are merged pairwise). Tokens are counted when their request completes, so the "
+     "window's edges add an error batch means miss when completions are periodic (a few users in step): the tokens "
+     "in flight at its start minus those at its end; its spread is measured from the requests' own spans and added "
+     "to the half-width. The point estimate is the window's rate, unchanged. Means over "
+     "requests (per-request tok/s, E2E): t-intervals, assuming independent requests (in a closed loop they are "
+     "mildly correlated, so these are a little narrow). Percentiles (TTFT, TPOT): distribution-free order-statistic "
+     "intervals, the ranks from the binomial distribution of the count of samples below the true quantile, assuming "
+     "independent requests; with fewer than 10 / (1 - q) samples there is no such interval (the sample extreme would "
+     "be a bound): the bounds are empty, the column is listed in `few_samples` and the console marks its value ~. A "
+     "bound is empty whenever the data cannot give one. `stable` and `outlier` are the suspect-step checks; the "
+     "diagnosis explains each flagged step and leaves outliers out of the knee."),
+    (SERVER_BOUNDS, "steps.csv: server histogram bounds", "What vLLM's histograms say of the server's p50 and "
+     "p99 (`analysis/histograms.py`), after the open-loop columns: the bounds each quantile lies between. A "
+     "histogram only counts observations between bucket bounds, so a quantile is known to lie in one bucket; "
+     "linear interpolation inside it is a guess (in the first bucket, half its width whatever the data were). For a "
+     "non-negative time the q-quantile is also at most mean / (1 - q) (Markov's inequality), with the exact mean "
+     "from _sum / _count: a median is at most twice the mean. The server columns p50/p99 keep a value only when "
+     "these bounds are narrow; the console's server table shows the bounds otherwise (\"< 300\", \"100-250\", "
+     "\"> 10000\" in ms). Empty without scrapes or observations."),
+    (STEP_END, "steps.csv: how each step ended", "Why each step ended, last in steps.csv (`analysis/adaptive.py`): "
+     "with `--step-duration auto` a step runs until its aggregate tok/s interval is within `--ci-target` and its "
+     "TTFT p95 has enough samples, looked at only at fixed check points, or until `--max-step-duration`."),
+    (REASONING, "steps.csv: reasoning and tool calls", "Reasoning models and tool calls "
+     "([reasoning.md](reasoning.md#what-is-measured)), last in steps.csv (`analysis/reasoning.py`), over the step "
+     "table's measured ok requests. The parser tells each token-carrying chunk apart: answer (delta.content), tool "
+     "call (delta.tool_calls) or reasoning (delta.reasoning, delta.reasoning_content). TTFT counts the first token "
+     "of any kind, thinking included; TTFO is the first token of the answer, what the user waits for: the gap is "
+     "the time spent reasoning. Written for every run: without reasoning TTFO equals TTFT and the reasoning share "
+     "is 0; the console's \"Reasoning\" table, the web UI's TTFO cells and the report's Reasoning section appear "
+     "when a request reasoned or called a tool. A request whose stream ended inside the thought has no TTFO: it "
+     "counts as never answered (+inf) in the TTFO percentiles and their intervals (shown \"no answer\"), and in "
+     "no_answer_requests; leaving it out would make the percentiles read better than the requests did."),
+    (EMBEDDINGS, "steps.csv: embeddings", "Embeddings runs (`--endpoint embeddings`, "
+     "[embeddings-images.md](embeddings-images.md#embeddings-the-results)), last in steps.csv "
+     "(`analysis/embeddings.py`). An embeddings request does not stream: its throughput is inputs and prompt tokens "
+     "per second, counted when the request completes inside the step's window, with batch-means intervals as "
+     "aggregate tok/s's; its latency is E2E, from the send stamp to the body's last byte, with order-statistic "
+     "intervals as TTFT's. Written for every run: inputs_per_s is empty outside an embeddings run, prompt_tok_s is "
+     "any run's prompt (prefill) rate; the console's \"Embeddings\" table replaces the batching curve in an "
+     "embeddings run, whose streaming columns do not apply."),
+    (GPU, "steps.csv: GPU telemetry", "The step's measured window in Unix seconds (always written: it joins any "
+     "time series to the step), then NVIDIA dcgm-exporter's samples (`--gpu-metrics-url`, one per GPU host) over "
+     "that window ([gpu-telemetry.md](gpu-telemetry.md)), last in steps.csv (`analysis/gpu.py`). The samples are "
+     "kept raw in metrics.parquet with all their labels and `source` = the exporter's URL; a GPU is "
+     "`<Hostname>/<gpu>` (its UUID without a Hostname label). Each GPU's samples inside the window are averaged "
+     "first, then the GPUs, so a GPU scraped less often (gaps) weighs the same. A field a GPU does not export "
+     "(DCGM_FI_PROF_* on a consumer GPU; DCGM_FI_PROF_SM_ACTIVE is not in dcgm-exporter's default counters) and "
+     "DCGM's blank values are missing, never 0. Then the roofline verdict on them (`analysis/roofline.py`, "
+     "[gpu-telemetry.md](gpu-telemetry.md#reading-the-gpu-verdict))."),
+    (TURNS, "turns.csv: per turn", "Conversation runs (`--turns`) only: one row per turn index, from "
+     "requests.parquet (`analysis/turns.py`); on the console as \"Per turn\", after the step table. A turn's "
+     "requests are the k-th request of every conversation, over every step, measured by the step table's rules "
+     "(started after their step's warm-up, not in flight when the load generator began to stop). Percentiles are "
+     "exact, with order-statistic intervals as in steps.csv; the prefix-cache hit rate is the server's own count "
+     "per request (usage.prompt_tokens_details.cached_tokens), so it needs a server that sends it (vLLM: "
+     "`--enable-prompt-tokens-details`, on in the embedded server; SGLang: `--enable-cache-report`)."),
+    (REQUESTS, "requests.parquet", "One row per request, written as each finishes (`analysis/records.py`)."),
+    (LIVE, "The web UI's LLM tab only", "Written nowhere: the row's scope and the server's latest gauges."),
+]  # fmt: skip
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _format_words(fmt: str, flag: str | None) -> str:
+    kind, digits = FORMAT.match(fmt).groups()
+    d = int(digits or 0)
+    return FORMAT_WORDS[kind].format(d=d, s="" if d == 1 else "s", flag=flag)
+
+
+def _shown_as(c: Column) -> str:
+    words = _format_words(c.fmt, c.flag)
+    if c.web_fmt and c.web_fmt != c.fmt:
+        words += f"; web UI: {_format_words(c.web_fmt, c.flag)}"
+    return words
+
+
+def docs_markdown() -> str:
+    """docs/metrics.md: the metric definitions, then every column of every table, from this module."""
+    out = [
+        "# Metrics and columns",
+        "",
+        f"Generated from `analysis/glossary/`; do not edit by hand: regenerate with `{DOCS_COMMAND}`.",
+        "Times are seconds unless a column says otherwise. Missing values are empty in the files (NaN / null) and "
+        "`-` on the console, in the report and in the web UI, never 0.",
+        "",
+        "## Metrics",
+        "",
+        markdown_table(),
+    ]
+    for section, heading, intro in _DOCS_SECTIONS:
+        out += ["", f"## {heading}", "", intro, ""]
+        if section == REQUESTS:
+            out += ["| column | unit | meaning | formula | metric |", "|---|---|---|---|---|"]
+            out += [
+                f"| `{c.name}` | {c.unit} | {_cell(c.meaning)} | {_cell(c.formula)} | "
+                f"{f'`{c.metric}`' if c.metric else ''} |"
+                for c in columns(section)
+            ]
+            continue
+        out += [
+            "| column | unit | title | shown as | console header | meaning | formula | metric |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        out += [
+            f"| `{c.name}` | {c.unit} | {_cell(c.title)} | {_shown_as(c)} | {_cell(c.header or '')} | "
+            f"{_cell(c.meaning)} | {_cell(c.formula)} | {f'`{c.metric}`' if c.metric else ''} |"
+            for c in columns(section)
+        ]
+    out += ["", "The web UI's LLM tab shows, in this order: " + ", ".join(f"`{n}`" for n in WEB_UI) + "."]
+    return "\n".join(out) + "\n"
