@@ -11,7 +11,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 import vllm_loadtest.analysis.records as records_mod
-import vllm_loadtest.analysis.report as report_mod
+import vllm_loadtest.analysis.report.charts as report_charts
 import vllm_loadtest.analysis.steps as steps_mod
 from vllm_loadtest.analysis import glossary
 from vllm_loadtest.analysis.records import (
@@ -135,10 +135,10 @@ def test_cdf_points_are_every_point_of_a_small_sample_and_exact_points_of_a_larg
 
 def test_the_ttft_timeline_shows_every_request_up_to_its_limit_and_the_slowest_beyond(monkeypatch):
     ok = pd.DataFrame({"start_time": np.arange(1000.0), "ttft_s": np.random.default_rng(4).lognormal(size=1000)})
-    shown, title = report_mod._ttft_points(ok)
+    shown, title = report_charts.ttft_points(ok)
     assert shown is ok and title == "TTFT of each request"
-    monkeypatch.setattr(report_mod, "TIMELINE_POINTS", 100)
-    shown, title = report_mod._ttft_points(ok)
+    monkeypatch.setattr(report_charts, "TIMELINE_POINTS", 100)
+    shown, title = report_charts.ttft_points(ok)
     assert len(shown) <= 100 and shown.index.is_unique
     assert set(ok["ttft_s"].nlargest(10).index) <= set(shown.index)
     assert title == "TTFT: the 10 slowest requests and 1 in 11 of the others (1,000 in all)"

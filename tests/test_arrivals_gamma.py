@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 from vllm_loadtest.analysis import arrivals as arr
-from vllm_loadtest.analysis.report import CDF_RANKS, CDF_TAIL_RANKS, _arrivals_figure, _arrivals_html
+from vllm_loadtest.analysis.report import CDF_RANKS, CDF_TAIL_RANKS, arrivals_figure, arrivals_html
 from vllm_loadtest.analysis.schedule import ARRIVALS, arrival_times
 from vllm_loadtest.locustfiles.openloop import OpenLoopPlan
 from vllm_loadtest.locustfiles.plugin import check_options
@@ -312,14 +312,14 @@ def test_the_process_of_a_runs_options():
 def test_the_report_section_draws_a_bounded_cdf_with_the_expected_curve():
     t = stream(50.0, 0.25, 100_000, "big")
     found = arr.inter_arrivals(records({0: (t, t + 1e-3)}), "gamma", 0.25, {0: 50.0})
-    fig = _arrivals_figure(found)
+    fig = arrivals_figure(found)
     names = [trace.name for trace in fig.data]
     assert names == ["sent (actual send times)", "intended", "expected: gamma, shape 0.25"]
     for trace in fig.data:
         assert 0 < len(trace.x) <= CDF_RANKS + 2 * CDF_TAIL_RANKS + 2
-    page = _arrivals_html(found)
+    page = arrivals_html(found)
     assert "<h2>Inter-arrival times</h2>" in page and "Plotly.newPlot" in page and "2.00" in page
-    assert _arrivals_html(None) == ""
+    assert arrivals_html(None) == ""
 
 
 def test_the_cv_interval_covers_the_truth_about_as_often_as_it_says():

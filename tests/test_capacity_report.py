@@ -16,7 +16,7 @@ import pytest
 from vllm_loadtest.analysis import capacity
 from vllm_loadtest.analysis.finish import finish_run
 from vllm_loadtest.analysis.live import live_table
-from vllm_loadtest.analysis.report import _batching_curve, _capacity_figure, _capacity_html, _latencies
+from vllm_loadtest.analysis.report import batching_curve, capacity_figure, capacity_html, latency_figure
 from vllm_loadtest.analysis.slo import parse_slo
 from vllm_loadtest.analysis.steps import format_table
 
@@ -71,7 +71,7 @@ def test_the_report_leads_with_the_capacity_and_lists_the_probes_in_run_order(se
 
 
 def test_the_probe_path_joins_the_probes_in_run_order_and_marks_the_capacity(searched):
-    fig = _capacity_figure(searched.capacity)
+    fig = capacity_figure(searched.capacity)
     curve, path, *markers = fig.data
     assert list(curve.x) == sorted(LOADS) and list(path.x) == LOADS  # the curve in load order, the path as run
     by_name = {t.name: t for t in markers}
@@ -88,15 +88,15 @@ def test_the_probe_path_joins_the_probes_in_run_order_and_marks_the_capacity(sea
 def test_every_chart_over_steps_draws_its_lines_in_load_order(searched):
     tables = {"run": searched.table}
     assert list(searched.table["users"]) == LOADS  # steps.csv stays in run order
-    for fig in (_batching_curve(tables), _latencies(tables)):
+    for fig in (batching_curve(tables), latency_figure(tables)):
         for trace in fig.data:
             assert list(trace.x) == sorted(LOADS), trace.name
-    agg = _batching_curve(tables).data[0]
+    agg = batching_curve(tables).data[0]
     by_users = searched.table.set_index("users")["aggregate_tok_s"]
     assert list(agg.y) == [by_users[u] for u in sorted(LOADS)]  # each value moved with its load
     rate = pd.DataFrame({"step": [0, 1, 2], "users": [64, 64, 64], "rate_rps": [4.0, 1.0, 2.0],
                          "aggregate_tok_s": [40.0, 10.0, 20.0], "per_request_tok_s_mean": [5.0, 5.0, 5.0]})  # fmt: skip
-    assert list(_batching_curve({"rate": rate}).data[0].x) == [1.0, 2.0, 4.0]
+    assert list(batching_curve({"rate": rate}).data[0].x) == [1.0, 2.0, 4.0]
 
 
 def test_summary_md_leads_with_the_capacity_and_shows_each_probe(searched):
@@ -149,20 +149,20 @@ def result_of(mode: str, loads: list[float], verdicts: list[str]) -> dict:
 
 def test_a_rate_search_and_an_uncertain_result_are_shown_as_such():
     rate = result_of(capacity.RATE, [1.0, 2.0, 4.0, 3.0], ["pass", "pass", "fail", "uncertain"])
-    part = _capacity_html(rate)
+    part = capacity_html(rate)
     assert rate["uncertain"] and "uncertain between 2 req/s and 3 req/s" in rate["line"]
     assert "color:#d80" in part[: part.index("</p>")]  # the line in the uncertain colour, not the found one
     assert re.findall(r"<tr class='probe-(\w+)'>", part) == ["pass", "pass", "fail", "uncertain"]
-    assert "<td>3 req/s</td>" in part and "requests/s (intended)" in _capacity_figure(rate).layout.xaxis.title.text
+    assert "<td>3 req/s</td>" in part and "requests/s (intended)" in capacity_figure(rate).layout.xaxis.title.text
     none = result_of(capacity.USERS, [1.0], ["fail"])
-    assert none["max_users"] is None and "color:#b00" in _capacity_html(none)
-    assert [s.x0 for s in _capacity_figure(none).layout.shapes] == [1]  # only the first failing load is marked
+    assert none["max_users"] is None and "color:#b00" in capacity_html(none)
+    assert [s.x0 for s in capacity_figure(none).layout.shapes] == [1]  # only the first failing load is marked
 
 
 def test_the_capacity_section_escapes_its_text():
     result = result_of(capacity.USERS, [1.0, 2.0], ["pass", "fail"])
     result["line"] = "Capacity: <script>alert(1)</script>"
     result["objectives"] = {"<b>x</b>": 0.1}
-    part = _capacity_html(result)
+    part = capacity_html(result)
     part = part[: part.index("<div")]  # the figure's own script follows
     assert "<script>" not in part and "&lt;script&gt;" in part and "<b>" not in part

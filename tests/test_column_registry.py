@@ -17,7 +17,7 @@ from vllm_loadtest.analysis import glossary as g
 from vllm_loadtest.analysis.generator import GENERATOR_COLUMNS
 from vllm_loadtest.analysis.live import FIELDS
 from vllm_loadtest.analysis.records import SCHEMA, single_model
-from vllm_loadtest.analysis.report import REPORT_FILE, _table_html
+from vllm_loadtest.analysis.report import REPORT_FILE, table_html
 from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS, open_loop_columns
 from vllm_loadtest.analysis.server_metrics import SERVER_BOUND_COLUMNS, SERVER_COLUMNS
 from vllm_loadtest.analysis.steps import STEP_COLUMNS, UNCERTAINTY_COLUMNS, format_table, unstable
@@ -118,7 +118,7 @@ def test_the_reports_step_table_has_the_glossary_titles_in_ms_and_scrolls_sidewa
     table = pd.read_csv(run_dir / "steps.csv")
     assert "<th title='" in page_html and ">TTFT p50 (ms)</th>" in page_html and ">ttft_p50_s</th>" not in page_html
     ttft_ms = f"<td>{table['ttft_p50_s'].iloc[0] * 1000:.1f}</td>"
-    assert ttft_ms in _table_html(table)
+    assert ttft_ms in table_html(table)
     probe = """() => { const box = document.querySelector('table.steps').parentElement;
         box.scrollLeft = 400;
         return {scroll: box.scrollLeft, box: box.clientWidth, table: box.scrollWidth,
@@ -138,7 +138,7 @@ def test_the_reports_table_highlights_flagged_steps_and_keeps_unknown_columns():
         {"step": [0, 1], "users": [1, 2], "ttft_p50_s": [0.0123, math.nan], "generator_bound": [True, False],
          "schedule_behind": [None, True], "from_a_future_version": [0.5, 1.0]}
     )  # fmt: skip
-    out = _table_html(table)
+    out = table_html(table)
     rows = re.findall(r"<tr[^>]*>.*?</tr>", out)
     assert "class='flagged' title='generator-bound'" in rows[1] and "title='behind schedule'" in rows[2]
     assert "<td>12.3</td>" in rows[1] and "<td>-</td>" in rows[2]  # ms; missing is -, never 0

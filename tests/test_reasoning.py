@@ -21,7 +21,7 @@ from vllm_loadtest.analysis.capacity import FAIL, PASS, UNCERTAIN, check, object
 from vllm_loadtest.analysis.embeddings import EMBEDDINGS_COLUMNS
 from vllm_loadtest.analysis.gpu import GPU_COLUMNS
 from vllm_loadtest.analysis.reasoning import REASONING_COLUMNS, console_lines, reasoning_row, shown
-from vllm_loadtest.analysis.report import TTFT_TTFO, _reasoning_html
+from vllm_loadtest.analysis.report import TTFT_TTFO, reasoning_html
 from vllm_loadtest.analysis.run import compute_table
 from vllm_loadtest.analysis.slo import judge_steps, parse_slo, verdict, verdict_lines
 from vllm_loadtest.analysis.sse import StreamParser, parse_stream
@@ -271,7 +271,7 @@ def test_the_reasoning_columns_with_known_values():
 
 def test_the_console_and_the_report_show_reasoning_only_when_something_reasoned():
     plain = step_table(pd.DataFrame(records(30, lambda i: 0.05, lambda i: 0)), TIMELINE)
-    assert not shown(plain) and console_lines(plain) == [] and _reasoning_html(plain) == ""
+    assert not shown(plain) and console_lines(plain) == [] and reasoning_html(plain) == ""
     assert "Reasoning" not in format_table(plain) and "TTFO" not in format_table(plain)
     assert plain.iloc[0]["ttfo_p50_s"] == plain.iloc[0]["ttft_p50_s"]  # written all the same: TTFO = TTFT
     old = plain.drop(columns=REASONING_COLUMNS)  # a steps.csv from before: nothing shown, no error
@@ -290,7 +290,7 @@ def test_the_console_and_the_report_show_reasoning_only_when_something_reasoned(
     # TTFO p95 (rank 27.55 of 0..29) is the answered requests'; p99's rank (28.71) reaches the never-answered one.
     assert cells[6:10] == ["1275.5~", "50.0~", "no", "answer"]
     assert "No answer token in 1 of 30 ok requests of step 0 (4 users)" in lines[-1]
-    page = _reasoning_html(table)
+    page = reasoning_html(table)
     assert TTFT_TTFO in page and "no answer token in 1 of 30" in page
     assert "TTFT counts the first token of any kind, thinking included" in TTFT_TTFO
 

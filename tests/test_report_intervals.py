@@ -8,7 +8,7 @@ import re
 
 import pandas as pd
 import pytest
-from vllm_loadtest.analysis.report import _batching_curve, _table_html
+from vllm_loadtest.analysis.report import batching_curve, table_html
 
 pytestmark = pytest.mark.unit
 
@@ -24,19 +24,19 @@ def table() -> pd.DataFrame:
 
 
 def test_the_batching_curve_draws_each_steps_interval_as_an_error_bar():
-    fig = _batching_curve({"run": table()})
+    fig = batching_curve({"run": table()})
     agg, per = fig.data[0], fig.data[1]
     assert list(agg.error_y.array[:2]) == [6.0, 5.0] and list(agg.error_y.arrayminus[:2]) == [5.0, 10.0]
     assert math.isnan(agg.error_y.array[2])  # no interval: no bar (null in the page), never a zero-width one
     assert list(per.error_y.array) == [1.0, 1.0, 2.0]
     assert list(agg.marker.symbol) == ["circle", "circle-open", "circle-open"]  # the outlier and the unstable step
-    old = _batching_curve({"old": table().drop(columns=[c for c in table().columns if "_ci_" in c or c in
+    old = batching_curve({"old": table().drop(columns=[c for c in table().columns if "_ci_" in c or c in
                                                         ("outlier", "stable")])})  # fmt: skip
     assert old.data[0].error_y.array is None and list(old.data[0].marker.symbol) == ["circle"] * 3
 
 
 def test_the_step_table_highlights_outlier_and_unstable_steps():
-    rows = re.findall(r"<tr[^>]*>.*?</tr>", _table_html(table()))
+    rows = re.findall(r"<tr[^>]*>.*?</tr>", table_html(table()))
     assert "class='flagged'" not in rows[1]
     assert "class='flagged' title='outlier'" in rows[2] and "<td>OUTLIER</td>" in rows[2]
     assert "class='flagged' title='unstable'" in rows[3] and "<td>UNSTABLE</td>" in rows[3]

@@ -14,7 +14,7 @@ import pytest
 from vllm_loadtest.analysis import roofline
 from vllm_loadtest.analysis.ceiling import ceiling_report
 from vllm_loadtest.analysis.diagnosis import diagnose
-from vllm_loadtest.analysis.report import _gpu_html, _table_html
+from vllm_loadtest.analysis.report import gpu_html, table_html
 from vllm_loadtest.analysis.roofline import MEMORY_BOUND, ceiling_lines, console_lines, step_verdicts
 
 from tests.helpers.gpu import gpu_series, metrics_frame
@@ -120,11 +120,11 @@ def test_the_report_draws_each_gpu_and_hides_the_gpu_columns_without_one():
         gpu_samples=series(), gpu_verdicts=step_verdicts(series(), TIMELINE), table=t, run={"timeline": TIMELINE},
         run_dir=Path("run"),
     )  # fmt: skip
-    text = _gpu_html(outcome, 100.0)
+    text = gpu_html(outcome, 100.0)
     assert text.startswith("<h2>GPUs</h2>") and "plotly" in text
     assert text.count("<td>node-1/0</td>") == len(USERS) and "memory_bound" in text
     assert "seconds since the run started" in text  # the Timeline's x axis
-    assert _gpu_html(SimpleNamespace(**{**vars(outcome), "gpu_samples": roofline.empty_series()}), 100.0) == ""
-    assert "GPU regime" in _table_html(t)
-    plain = _table_html(table(gpu=False).assign(**dict.fromkeys(roofline.VERDICT_COLUMNS, None)))
+    assert gpu_html(SimpleNamespace(**{**vars(outcome), "gpu_samples": roofline.empty_series()}), 100.0) == ""
+    assert "GPU regime" in table_html(t)
+    plain = table_html(table(gpu=False).assign(**dict.fromkeys(roofline.VERDICT_COLUMNS, None)))
     assert "GPU regime" not in plain and "DRAM active CI" not in plain
