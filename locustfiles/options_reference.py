@@ -1,4 +1,4 @@
-"""docs/options.md's reference table, generated from the parser (options.add_arguments), so that the page lists
+"""docs/options.md's reference table, generated from the parser (arguments.add_arguments), so that the page lists
 every option with the default, variable and choices the code has, and a test notices when they part.
 
 python -m vllm_loadtest.locustfiles.options_reference               # print the table
@@ -15,7 +15,7 @@ from . import options as opts_mod
 
 DOCS_FILE = "docs/options.md"
 DOCS_COMMAND = f"python -m vllm_loadtest.locustfiles.options_reference --write {DOCS_FILE}"
-BEGIN = "<!-- options reference: generated from locustfiles/options.py; regenerate, do not edit by hand -->"
+BEGIN = "<!-- options reference: generated from locustfiles/arguments.py; regenerate, do not edit by hand -->"
 END = "<!-- end of the generated options reference -->"
 
 
