@@ -23,19 +23,16 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from geventhttpclient import HTTPClient
-from geventhttpclient.url import URL
-
-from ..analysis import conversation, servers
+from ..analysis import conversation
 from ..analysis.conversation import Turn
-from . import request_options
+from .max_tokens import MaxTokens, parse_max_tokens  # noqa: F401  re-exported
+from .tokenizer import DEFAULT_TOKENIZER, DatasetError, Tokenizer, server_tokenizer  # noqa: F401  re-exported
 
 logger = logging.getLogger("vllm_loadtest.datasets")
 
@@ -70,10 +67,6 @@ QUESTIONS = (
 )
 
 
-class DatasetError(ValueError):
-    """Bad --dataset input or a dataset that cannot be built; the message is one line with the fix."""
-
-
 @dataclass(frozen=True, slots=True)
 class Item:
     """One prompt: text (sent as `prompt`, or as one user message on the chat endpoint) or chat messages."""
@@ -95,105 +88,6 @@ class Dataset:
     prepared: dict = field(default_factory=dict, repr=False)
     # --turns with sharegpt: each conversation's turns in order (None otherwise: the items are the turns' texts).
     conversations: list[list[Turn]] | None = None
-
-
-# --- the server's tokenizer ---------------------------------------------------------------------------------
-DEFAULT_TOKENIZER = servers.PROFILES["vllm"].tokenizer
-
-
-class Tokenizer:
-    """Token counts from the server's tokenizer endpoint (vLLM's POST /tokenize, or the profile's: analysis/servers),
-    counted as the server counts a request's prompt."""
-
-    MISSING = (404, 405, 501)  # no such endpoint
-
-    def __init__(
-        self,
-        host: str,
-        model: str,
-        api_key: str | None = None,
-        timeout: float = 30.0,
-        endpoint: servers.TokenizerEndpoint | None = DEFAULT_TOKENIZER,
-        chat: bool = False,
-        server: str = "vllm",
-        chat_fields: dict | None = None,
-    ) -> None:
-        base = URL(host)
-        self.endpoint = endpoint
-        self.chat = chat  # the run's endpoint is chat: prompts are messages, counted with the chat template
-        # The request options the chat template renders (tools, chat_template_kwargs), counted with the messages.
-        self.chat_fields = chat_fields or {}
-        self.server = server
-        self.path = base.path.rstrip("/") + (endpoint.path if endpoint is not None else "/tokenize")
-        self.model = model
-        # A fresh connection per call: uvicorn (vLLM's HTTP server) can drop a request sent on a kept-alive
-        # connection right after the previous response (uvicorn #824/#1637), and these calls come back to back.
-        self.headers = {"Content-Type": "application/json", "Accept": "application/json", "Connection": "close"}
-        if api_key:
-            self.headers["Authorization"] = f"Bearer {api_key}"
-        self.client = HTTPClient.from_url(base, connection_timeout=min(10.0, timeout), network_timeout=timeout)
-        self.max_model_len: int | None = None
-        self.calls = 0
-
-    def _post(self, body: dict) -> tuple[int, bytes]:
-        try:
-            response = self.client.post(self.path, body=json.dumps(body).encode(), headers=self.headers)
-            self.calls += 1
-            return response.status_code, response.read()
-        except Exception as e:  # transport errors of any kind: one line naming the endpoint
-            raise DatasetError(
-                f"the server's {self.path} failed ({type(e).__name__}: {e}) while building the dataset"
-            ) from None
-
-    def probe(self) -> str | None:
-        """None when the tokenizer answers; else why not (one line, for the fallback's warning)."""
-        if self.endpoint is None:
-            return f"--server-type {self.server} has no tokenizer endpoint"
-        if self.chat and not self.endpoint.chat:
-            return f"the {self.server} tokenizer endpoint cannot apply the chat template to messages"
-        try:
-            status, body = self._post(servers.tokenize_body(self.endpoint, self.model, "hello"))
-        except DatasetError as e:  # no usable tokenizer: the caller warns and falls back to estimates
-            return str(e)
-        if status != 200:
-            return f"HTTP {status}" + ("" if status in self.MISSING else f": {body[:200].decode(errors='replace')}")
-        try:
-            answer = json.loads(body)
-            servers.token_count(self.endpoint, answer)
-        except (ValueError, KeyError, TypeError):
-            return "its answer has no token count"
-        self.max_model_len = servers.max_model_len(self.endpoint, answer)
-        return None
-
-    def count(self, prompt: str | list[dict], special: bool = True) -> int:
-        """Tokens of a prompt (with the special tokens the server adds, e.g. BOS) or of chat messages (with the
-        chat template); `special=False` counts bare text, as for a reference answer."""
-        if self.endpoint is None:
-            raise DatasetError(f"--server-type {self.server} has no tokenizer endpoint")
-        body = servers.tokenize_body(self.endpoint, self.model, prompt, special)
-        if isinstance(prompt, list) and self.chat_fields:
-            body.update(self.chat_fields)
-        status, answer = self._post(body)
-        if status != 200:
-            raise DatasetError(
-                f"the server's {self.endpoint.path} answered HTTP {status} "
-                f"({answer[:200].decode(errors='replace')}) while building the dataset; use --dataset fixed or fix "
-                "the server"
-            )
-        return servers.token_count(self.endpoint, json.loads(answer))
-
-    def close(self) -> None:
-        self.client.close()
-
-
-def server_tokenizer(host: str, model: str, api_key: str | None, options) -> Tokenizer:
-    """The server's tokenizer for the run's options: its profile's endpoint, the chat template's fields (tools,
-    chat_template_kwargs) on the chat endpoint; shared by --dataset and --trace."""
-    profile = servers.of_options(options)
-    return Tokenizer(
-        host, model, api_key, timeout=min(60.0, float(options.read_timeout)), endpoint=profile.tokenizer,
-        chat=options.endpoint == "chat", server=profile.name, chat_fields=request_options.tokenize_fields(options),
-    )  # fmt: skip
 
 
 @dataclass
@@ -649,52 +543,6 @@ def build_dataset(spec: str, options, host: str, model: str, api_key: str | None
         for note in ctx.notes:
             logger.warning("--dataset %s: %s", source.spec, note)
     return Dataset(source.spec, items, info, conversations=conversations)
-
-
-# --- max_tokens per request ----------------------------------------------------------------------------------
-class MaxTokens:
-    """Each request's max_tokens: `fixed` (--max-tokens), `reference` (the item's reference output length, else
-    --max-tokens), `uniform:LOW:HIGH` (integers, both included) or `normal:MEAN:SD` (rounded, at least 1)."""
-
-    def __init__(self, kind: str, default: int, low: float = 0, high: float = 0) -> None:
-        self.kind, self.default, self.low, self.high = kind, default, low, high
-
-    @property
-    def varies(self) -> bool:
-        """Whether two requests for the same item may get different values (bodies are then made per request)."""
-        return self.kind in ("uniform", "normal")
-
-    def draw(self, rng: random.Random, item: Item) -> int:
-        if self.kind == "uniform":
-            return rng.randint(int(self.low), int(self.high))
-        if self.kind == "normal":
-            return max(1, round(rng.gauss(self.low, self.high)))
-        if self.kind == "reference" and item.reference_output_tokens:
-            return item.reference_output_tokens
-        return self.default
-
-
-def parse_max_tokens(text: str, max_tokens: int, source: Source | None = None) -> MaxTokens:
-    """--max-tokens-dist: '' (auto: `reference` for a source with reference lengths, else `fixed`), 'fixed',
-    'reference', 'uniform:64:512', 'normal:256:64'; raises DatasetError with a one-line fix."""
-    text = (text or "").strip().lower()
-    if not text:
-        text = "reference" if source is not None and source.has_reference else "fixed"
-    kind, _, rest = text.partition(":")
-    example = "use e.g. --max-tokens-dist uniform:64:512 or normal:256:64"
-    if kind in ("fixed", "reference") and not rest:
-        return MaxTokens(kind, max_tokens)
-    if kind not in ("uniform", "normal"):
-        raise DatasetError(f"--max-tokens-dist {text!r} is not a distribution; {example}")
-    try:
-        a, b = (float(x) for x in rest.split(":"))
-    except ValueError:
-        raise DatasetError(f"--max-tokens-dist {text!r} needs two numbers after {kind}:; {example}") from None
-    if kind == "uniform" and not (1 <= a <= b and a == int(a) and b == int(b)):
-        raise DatasetError(f"--max-tokens-dist {text!r} needs integers 1 <= LOW <= HIGH; {example}")
-    if kind == "normal" and not (a >= 1 and b >= 0 and math.isfinite(a) and math.isfinite(b)):
-        raise DatasetError(f"--max-tokens-dist {text!r} needs MEAN >= 1 and SD >= 0; {example}")
-    return MaxTokens(kind, max_tokens, a, b)
 
 
 def load_prompts(path: str) -> list[str]:
