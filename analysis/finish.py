@@ -29,6 +29,7 @@ from .diskio import replace_file
 from .integrity import integrity
 from .live import close_open_steps
 from .outages import Outage, find_outages, outage_lines
+from .prometheus_text import scrape_timeout_s
 from .records import REQUEST_COLUMNS, REQUESTS_FILE, UNREADABLE_LINES, single_model
 from .run import (
     REPORT_FILE,
@@ -216,7 +217,9 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
     found = _capacity(run, full, timeline, table, diagnosis)
     records = full[REQUEST_COLUMNS]  # the rest needs no per-chunk lists: most of a long run's data
     del full
-    check = integrity(records, metrics, single_model(records), servers.of_run(run), unreadable)  # its counters
+    interval = (run.get("options") or {}).get("scrape_interval") or 1.0
+    settle = scrape_timeout_s(interval)  # a scrape's counters may miss what finished this long before its stamp
+    check = integrity(records, metrics, single_model(records), servers.of_run(run), unreadable, settle)
     echo(_section("Integrity check", check["text"]))
     if found is not None:
         # The search's probes beyond the capacity broke objectives on purpose: its result replaces the gate.

@@ -19,6 +19,12 @@ ALIASES = servers.PROFILES["vllm"].aliases  # vLLM's old (V0 engine) names -> th
 GPU_PREFIX = "DCGM_"  # NVIDIA dcgm-exporter's series: DCGM_FI_DEV_* (device), DCGM_FI_PROF_* (profiling), DCGM_EXP_*
 
 
+def scrape_timeout_s(interval_s: float) -> float:
+    """How long a scrape may take at --scrape-interval: twice the interval, within 1 to 5 s. A scrape is stamped when
+    its answer arrived, so its counters may miss what finished up to this long before its timestamp."""
+    return max(1.0, min(5.0, float(interval_s) * 2))
+
+
 def parse_samples(
     text: str,
     prefix: str | None = None,

@@ -132,6 +132,7 @@ class ServerSeries:
         ok_times = up.loc[up["value"] > 0, "timestamp"]
         # Scrapes before the first successful one tell nothing about which series existed then.
         self.first_scrape = float(ok_times.min()) if len(ok_times) else math.inf
+        self.last_scrape = float(ok_times.max()) if len(ok_times) else -math.inf
         self._by_metric: dict[str, list[tuple[dict, pd.Series]]] = {}
         rows = metrics[metrics["metric"] != UP]
         for (metric, labels_text), group in rows.groupby(["metric", "labels"], sort=False):

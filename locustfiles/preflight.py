@@ -18,6 +18,7 @@ from geventhttpclient.url import URL
 from ..analysis import error_body, servers
 from ..analysis.diskio import remove_quietly
 from ..analysis.embedding_response import parse_embeddings
+from ..analysis.prometheus_text import scrape_timeout_s
 from . import options as opts_mod
 from . import request_options, trace_run
 from .datasets import Dataset, build_dataset
@@ -266,7 +267,7 @@ def check_gpu_endpoints(options, timeout: float | None = None) -> frozenset[str]
     if not urls:
         return frozenset()
     if timeout is None:
-        timeout = max(1.0, min(5.0, float(getattr(options, "scrape_interval", 1.0) or 1.0) * 2))
+        timeout = scrape_timeout_s(getattr(options, "scrape_interval", 1.0) or 1.0)
     asked = {url: gevent.spawn(_gpu_answer, url, timeout) for url in urls}
     unanswered = set()
     for url, job in asked.items():

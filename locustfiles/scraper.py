@@ -28,7 +28,13 @@ from pathlib import Path
 import orjson
 
 from ..analysis.diskio import LineFile, WriteFailure
-from ..analysis.prometheus_text import SCRAPES_FILE, parse_gpu_samples, parse_samples, scrape_line
+from ..analysis.prometheus_text import (
+    SCRAPES_FILE,
+    parse_gpu_samples,
+    parse_samples,
+    scrape_line,
+    scrape_timeout_s,
+)
 
 logger = logging.getLogger("vllm_loadtest.scraper")
 
@@ -54,7 +60,7 @@ class MetricsScraper:
         self.server = server  # the profile name: the child process maps the server's names with it
         self.interval_s = interval_s
         self.path = Path(run_dir) / SCRAPES_FILE
-        self.timeout_s = max(1.0, min(5.0, interval_s * 2))
+        self.timeout_s = scrape_timeout_s(interval_s)
         self._proc = None
         self._reader = None
         self._first = None

@@ -69,3 +69,32 @@ def test_a_cut_off_stream_the_server_finished_is_not_a_mismatch(tmp_path):
     (tmp_path / "more").mkdir()
     more = metrics(tmp_path / "more", [(0, (0, 0, 0)), (1, (2, 2, 80))])  # one beyond the cut-off one: other traffic
     assert integrity(cut, more)["mismatch"]
+
+
+def finishing(ok_tokens, ends):
+    """ok records of `ok_tokens` output tokens that finished at `ends` (s, the scrapes' clock)."""
+    return records(ok_tokens).assign(start_time=[e - 1.0 for e in ends], duration_s=1.0)
+
+
+def test_requests_that_finished_after_the_last_scrape_are_not_a_mismatch(tmp_path):
+    """The run's last scrape failed (a busy server past its timeout): the counters end at the scrape of t=10, and the
+    request that finished at t=12 is not in them. Within settle_s of the scrape, one at t=8 may not be either."""
+    m = metrics(tmp_path, [(0, (0, 0, 0)), (10, (1, 1, 20))])
+    check = integrity(finishing([10, 10, 10], [5, 8, 12]), m)
+    assert check["late"] == 1 and check["requests_within"] and not check["mismatch"], check["text"]
+    assert check["text"][0] == (
+        "Requests: the server finished 2 normally, the records hold 3 ok (-1): 1 of them finished after the run's "
+        "last successful scrape of the server (or within a scrape's time of it), which its counters may not hold."
+    )
+    assert check["text"][1].startswith("Tokens: the server generated 20, the ok requests hold 30 (-10): the 1 ")
+    assert integrity(finishing([10, 10, 10], [5, 8, 12]), m, settle_s=3.0)["late"] == 2
+
+
+def test_late_requests_explain_no_more_than_themselves(tmp_path):
+    m = metrics(tmp_path, [(0, (0, 0, 0)), (10, (1, 0, 10))])
+    check = integrity(finishing([10, 10, 10], [5, 6, 12]), m)  # 3 ok, 1 late: the server must hold at least 2
+    assert check["late"] == 1 and not check["requests_within"] and check["mismatch"]
+    assert check["text"][0].startswith("MISMATCH: the server finished 1 requests normally, the records hold 3 ok")
+    (tmp_path / "tokens").mkdir()
+    fewer = metrics(tmp_path / "tokens", [(0, (0, 0, 0)), (10, (2, 0, 15))])  # 2 finished, but 5 tokens short
+    assert integrity(finishing([10, 10, 10], [5, 6, 12]), fewer)["mismatch"]
