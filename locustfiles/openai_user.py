@@ -61,12 +61,19 @@ class LLMRequestError(Exception):
         self.message = message
 
 
-def build_payload(options, model: str, prompt: str | list[dict] | None = None, max_tokens: int | None = None) -> dict:
+def build_payload(
+    options,
+    model: str,
+    prompt: str | list[dict] | None = None,
+    max_tokens: int | None = None,
+    fields: request_options.RequestFields | None = None,
+) -> dict:
     """The JSON body of one request, from the run's options (`prompt` replaces --prompt: text, or chat messages;
     `max_tokens` replaces --max-tokens). Vendor extensions only where the server's profile accepts them: a server
     that rejects unknown fields (OpenAI's API: HTTP 400) gets only what the OpenAI API defines. The request options
     (locustfiles/request_options.py) come last, --extra-body merged over everything. Every body goes through here:
-    the prepared ones, a conversation's turns and a trace's rows."""
+    the prepared ones, a conversation's turns and a trace's rows. `fields`: the parsed request options (a user's,
+    parsed once per run); parsed now without them."""
     prompt = options.prompt if prompt is None else prompt
     profile = servers.of_options(options)
     stream_options = {"include_usage": True}
@@ -90,7 +97,7 @@ def build_payload(options, model: str, prompt: str | list[dict] | None = None, m
         payload["messages"] = images.attach(payload["messages"], images.spec_of(options).count)
     if options.ignore_eos and profile.ignore_eos:  # refused before the run for a profile without it (options.py)
         payload["ignore_eos"] = True  # vLLM (and SGLang, llama.cpp) extension: exact output lengths
-    fields = request_options.fields(options)  # parsed once per process and option text
+    fields = request_options.fields(options) if fields is None else fields
     if fields.chat and options.endpoint == "chat":  # refused before the run for the completions endpoint
         payload.update(fields.chat)  # chat_template_kwargs, tools, tool_choice
         if fields.chat_template_kwargs is not None and not profile.chat_template_kwargs:
@@ -100,12 +107,14 @@ def build_payload(options, model: str, prompt: str | list[dict] | None = None, m
     return payload
 
 
-def embeddings_payload(options, model: str, texts: list[str]) -> dict:
+def embeddings_payload(
+    options, model: str, texts: list[str], fields: request_options.RequestFields | None = None
+) -> dict:
     """The JSON body of one embeddings request: the batch's texts as `input` (always a list, as vLLM and OpenAI take
     a batch), --encoding-format, then --extra-body merged last (the user's escape hatch: dimensions,
     truncate_prompt_tokens, ...)."""
     payload: dict = {"model": model, "input": list(texts), "encoding_format": options.encoding_format}
-    fields = request_options.fields(options)
+    fields = request_options.fields(options) if fields is None else fields
     if fields.extra_body:
         request_options.merge(payload, fields.extra_body)
     return payload
@@ -161,7 +170,7 @@ class OpenAIStreamingUser(User):
         self.open_loop = bool(getattr(opts, "rates", "")) or getattr(opts, "find_capacity", "") == "rate" or self.trace
         self._slot: Slot | None = None
         try:
-            request_options.fields(opts)  # checked before the run; a worker reads its own copy of the --tools file
+            self.fields = self.run.request_fields(opts)  # a worker reads its own copy of the --tools file
         except ValueError as e:
             env.process_exit_code = 3  # plugin.EXIT_SETUP_ERROR: bad input, nothing sent
             raise StopTest(str(e)) from None
@@ -202,7 +211,7 @@ class OpenAIStreamingUser(User):
             self._seed = self._user_seed(opts)
             # The trace's rows: their bodies built by the process's replay (locustfiles/trace_run.py), ahead.
             self.replay = self.run.trace_replay(
-                self.host, self.model, lambda prompt, n: build_payload(opts, self.model, prompt, n)
+                self.host, self.model, lambda prompt, n: build_payload(opts, self.model, prompt, n, self.fields)
             )
         elif embeddings:
             self._prepare_embeddings(opts)
@@ -232,17 +241,21 @@ class OpenAIStreamingUser(User):
         self._next_body = 0 if isinstance(source, datasets.FixedSource) else self.rng.randrange(len(self.items))
         if self.max_tokens.varies:
             # A max_tokens per request: the body is serialized per request, before the send stamp.
-            self.payloads = [build_payload(opts, self.model, item.prompt) for item in self.items]
+            self.payloads = [build_payload(opts, self.model, item.prompt, fields=self.fields) for item in self.items]
             self.bodies = None
             return
         # Serialized once per process, HTTP head included: the request path then only hands prepared bytes to the
         # socket. Keyed by everything else that shapes the bytes (the same for all users of a run): the body without
         # its prompt carries the request options too (the tools file's content, not only its path).
-        key = (self.http.head, opts.max_tokens_dist, json.dumps(build_payload(opts, self.model, "")))
+        key = (
+            self.http.head,
+            opts.max_tokens_dist,
+            json.dumps(build_payload(opts, self.model, "", fields=self.fields)),
+        )
         if key not in dataset.prepared:
             limits = [self.max_tokens.draw(self.rng, item) for item in self.items]
             bodies = [
-                json.dumps(build_payload(opts, self.model, item.prompt, n)).encode()
+                json.dumps(build_payload(opts, self.model, item.prompt, n, self.fields)).encode()
                 for item, n in zip(self.items, limits)
             ]
             if self.images is None:  # with --images, prepared per request (_prepare_with_images)
@@ -269,7 +282,7 @@ class OpenAIStreamingUser(User):
         self._batches = len(self._texts) // math.gcd(len(self._texts), batch)
         self._next_body = 0 if isinstance(source, datasets.FixedSource) else self.rng.randrange(self._batches)
         self._embed_per_request = any(item.per_request for item in self.items)
-        key = ("embeddings", self.http.head, batch, json.dumps(embeddings_payload(opts, self.model, [])))
+        key = ("embeddings", self.http.head, batch, json.dumps(embeddings_payload(opts, self.model, [], self.fields)))
         if key not in dataset.prepared:
             text_bytes = sum(len(t.encode()) for t in self._texts) * (self._batches * batch // len(self._texts))
             bodies = None
@@ -282,9 +295,8 @@ class OpenAIStreamingUser(User):
         """Batch k's body (a dict): items kB .. kB+B-1, modulo the items."""
         texts, batch = self._texts, self.batch_size
         n = len(texts)
-        return embeddings_payload(
-            self.environment.parsed_options, self.model, [texts[(k * batch + j) % n] for j in range(batch)]
-        )
+        chosen = [texts[(k * batch + j) % n] for j in range(batch)]
+        return embeddings_payload(self.environment.parsed_options, self.model, chosen, self.fields)
 
     def on_stop(self) -> None:
         slot = getattr(self, "_slot", None)
@@ -464,7 +476,7 @@ class OpenAIStreamingUser(User):
         # The body is serialized per turn (the prompt grows), before the send stamp.
         record.max_tokens = self.max_tokens.draw(self.rng, turn)
         record.reference_output_tokens = turn.reference_output_tokens
-        payload = build_payload(self.environment.parsed_options, self.model, prompt, record.max_tokens)
+        payload = build_payload(self.environment.parsed_options, self.model, prompt, record.max_tokens, self.fields)
         parser = StreamParser(keep_text=True)
         record = self._send(record, self._prepare(orjson.dumps(payload)), parser)
         player.answered(record, turn, text, parser.text)

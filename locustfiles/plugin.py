@@ -97,6 +97,7 @@ class RunContext:
         self._built = built or Built()  # what the headless preflight built: taken instead of built again
         self.user_numbers = itertools.count()  # users started by this process, for their seeds
         self._image_makers: dict[tuple, images.ImageMaker] = {}  # --images: one base pool per options
+        self._request_fields = request_options.FieldsCache()  # parsed once per run: build_payload runs per body
         self.worker_name = f"{socket.gethostname()}-{os.getpid()}"
         self.tracker = StepTracker(environment, on_change=self._save_timeline)
         self.run_dir: Path | None = None
@@ -177,6 +178,11 @@ class RunContext:
             self._save_timeline(self.tracker.timeline)
         return dataset
 
+    def request_fields(self, options) -> request_options.RequestFields:
+        """The run's request options (--tools, --extra-body ...), parsed once per run in this process; raises
+        ValueError with a one-line fix."""
+        return self._request_fields.get(options)
+
     @property
     def traces(self) -> trace_run.Traces:
         """--trace: the process's trace, read once."""
@@ -232,7 +238,7 @@ class RunContext:
             gc.collect()
             gc.freeze()
         options = environment.parsed_options
-        request_options.forget()  # the --tools file is read again for this run (the web UI runs several)
+        self._request_fields.clear()  # the --tools file is read again for this run (the web UI runs several)
         if self.is_controller and not options.headless:
             try:
                 check_options(options, self.traces)  # the web UI's start form may have changed them

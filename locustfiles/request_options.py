@@ -202,19 +202,17 @@ def check_extra_body(extra: dict | None, options) -> None:
             raise ValueError(f"--extra-body sets {key!r} and {flag} is given too; give it once")
 
 
-def _key(options) -> tuple:
+def key(options) -> tuple:
+    """The option texts the request fields depend on."""
     return tuple(
         str(getattr(options, name, "") or "").strip()
         for name in ("chat_template_kwargs", "tools", "tool_choice", "extra_body", "endpoint")
     )
 
 
-_PARSED: dict[tuple, RequestFields] = {}
-
-
 def parse(options) -> RequestFields:
     """The run's request options, parsed and checked (no cache); raises ValueError with a one-line message."""
-    kwargs_text, tools_path, choice_text, extra_text, endpoint = _key(options)
+    kwargs_text, tools_path, choice_text, extra_text, endpoint = key(options)
     kwargs = parse_object(kwargs_text, "--chat-template-kwargs", THINKING_EXAMPLE)
     extra = parse_object(extra_text, "--extra-body", EXTRA_EXAMPLE)
     if endpoint != "chat":
@@ -247,20 +245,33 @@ def parse(options) -> RequestFields:
     )  # fmt: skip
 
 
-def check(options) -> None:
+def check(options) -> RequestFields:
     """Before any load: every request option parses (plugin.check_options); the file of --tools is read again, so a
     web UI run sees its current content."""
-    key = _key(options)
-    _PARSED[key] = parse(options)
+    return parse(options)
 
 
 def fields(options) -> RequestFields:
-    """The run's request options, parsed once per process and option text (build_payload calls it per body)."""
-    key = _key(options)
-    parsed = _PARSED.get(key)
-    if parsed is None:
-        parsed = _PARSED[key] = parse(options) if any(key[:4]) else NONE
-    return parsed
+    """The run's request options, parsed now (NONE without any); a process's users take theirs from its
+    FieldsCache instead (plugin.RunContext.request_fields), parsed once per run."""
+    return parse(options) if any(key(options)[:4]) else NONE
+
+
+class FieldsCache:
+    """A process's parsed request options, once per option text (held by its RunContext): build_payload runs per
+    body. Cleared at each run's start, so the web UI's next run reads the --tools file again."""
+
+    def __init__(self) -> None:
+        self._parsed: dict[tuple, RequestFields] = {}
+
+    def get(self, options) -> RequestFields:
+        k = key(options)
+        if k not in self._parsed:
+            self._parsed[k] = fields(options)
+        return self._parsed[k]
+
+    def clear(self) -> None:
+        self._parsed.clear()
 
 
 # What a chat template renders into the prompt: the fields a tokenizer endpoint that applies the template (vLLM's
@@ -287,11 +298,6 @@ def tokenize_key(options) -> tuple:
     except ValueError:
         return ()
     return (json.dumps(tokenize_fields(options), sort_keys=True), parsed.tools_sha256)
-
-
-def forget() -> None:
-    """A new run (the web UI's next start): the --tools file is read again."""
-    _PARSED.clear()
 
 
 def merge(body: dict, extra: dict) -> dict:

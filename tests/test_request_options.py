@@ -32,13 +32,6 @@ WEATHER = {
 CLOCK = {"type": "function", "function": {"name": "get_time"}}
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    request_options.forget()
-    yield
-    request_options.forget()
-
-
 @pytest.fixture(scope="module")
 def server():
     """One fake server for the bad-input cases: none of them may send it a completion."""
@@ -243,11 +236,13 @@ def test_the_prepared_body_key_changes_with_the_tools_file_content(tmp_path):
     web UI's next run reads it again) must not reuse the old bytes."""
     path = tools_file(tmp_path, [WEATHER])
     options = parse_options(*CHAT, "--tools", path)
-    before = json.dumps(build_payload(options, "m", ""))
+    cache = request_options.FieldsCache()  # a process's (plugin.RunContext.request_fields)
+    before = json.dumps(build_payload(options, "m", "", fields=cache.get(options)))
     tools_file(tmp_path, [CLOCK])
-    assert json.dumps(build_payload(options, "m", "")) == before  # parsed once per run
-    request_options.forget()  # the next run's test_start
-    assert json.dumps(build_payload(options, "m", "")) != before
+    assert json.dumps(build_payload(options, "m", "", fields=cache.get(options))) == before  # parsed once per run
+    assert json.dumps(build_payload(options, "m", "")) != before  # without the cache: read now
+    cache.clear()  # the next run's test_start
+    assert json.dumps(build_payload(options, "m", "", fields=cache.get(options))) != before
 
 
 # --- every source of an option ------------------------------------------------------------------------------------
