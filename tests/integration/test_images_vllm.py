@@ -78,7 +78,8 @@ def test_a_run_with_images_sends_them_and_the_server_counts_their_tokens(vision_
     # A busy machine's slowed server may finish one request in 6 s.
     assert len(ok) >= 1 and len(ok) + len(cut) == len(records), records["error"].dropna().unique()
     assert (ok["images"] == 1).all()
-    assert len(ok) == after[0] - before[0]
+    # A stream cut off at the stop may have been finished by vLLM already (seen: 13 finished, 12 ok, 1 cut off).
+    assert len(ok) <= after[0] - before[0] <= len(ok) + len(cut)
     # A stream cut off at the stop had some tokens generated (and counted by the server) before vLLM aborted it: at
     # most its max_tokens (8) each (seen: one cut-off stream, 3 tokens).
     assert ok["output_tokens"].sum() <= after[1] - before[1] <= ok["output_tokens"].sum() + 8 * len(cut)

@@ -129,7 +129,7 @@ def test_stepped_run_saturates_the_kv_cache_and_the_report_says_so(vllm_server, 
     # The cache, not max_num_seqs (64), limits the batch: it evicts running requests, and fewer than 64 run.
     assert top["running_mean"] < 60 and top["preemptions"] > 0
     # vLLM's own TTFT is inside the client's (without a queue; with one, TTFTs of seconds make the few requests
-    # whose first token falls on a window edge dominate the difference); the queue time grows with the wait. The
+    # whose first token falls on a window edge dominate the difference). The
     # gap's size is vLLM's HTTP front end and the client on a shared machine (210 ms at 16 users in CI): not bounded.
     # A server the busy machine slowed may give no first token inside the 64-user window (each of the 64 requests
     # got its own in the warm-up and still runs): vLLM's TTFT and queue time are then missing there, never 0.
@@ -138,7 +138,9 @@ def test_stepped_run_saturates_the_kv_cache_and_the_report_says_so(vllm_server, 
     assert server_ttft.iloc[0] > 0 and (server_ttft.dropna() > 0).all() and measured["ttft_gap_mean_s"].notna().all()
     no_queue = measured[measured["waiting_max"] == 0]
     assert len(no_queue) >= 1 and (no_queue["ttft_gap_mean_s"] > 0).all()
-    assert pd.isna(queue.iloc[-1]) or queue.iloc[-1] > queue.iloc[0]
+    # How long the requests scheduled inside the window had queued is the machine's (seen in a stress run: 11 us at 64
+    # users, 32 us at 4, every wait having fallen in the warm-up): missing or a time, never negative.
+    assert ((queue.dropna() >= 0).all()) and queue.iloc[0] >= 0
 
     # The saturated step: the first where requests waited for KV-cache space with the cache full (or preempting).
     saturated = diagnosis["saturated_users"]

@@ -22,7 +22,7 @@ def test_a_conversation_runs_prefix_cache_hit_rate_rises_with_the_turn(vllm_serv
     # 1000 distinct user messages: a conversation's first turn does not repeat an earlier one (a cache hit).
     proc = locust(
         "--host", vllm_server.url, "--endpoint", "chat", "--turns", "3", "--dataset", f"synthetic:{USER_TOKENS}",
-        "--num-prompts", "1000", "--max-tokens", "32", "--ignore-eos", "--steps", "4", "--step-duration", "15s",
+        "--num-prompts", "1000", "--max-tokens", "32", "--ignore-eos", "--steps", "4", "--step-duration", "20s",
         "--step-warmup", "0s", "--stop-timeout", "60", "--run-dir", str(run_dir),
         timeout=400,
     )  # fmt: skip
