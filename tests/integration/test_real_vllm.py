@@ -87,9 +87,10 @@ def test_stepped_run_saturates_the_kv_cache_and_the_report_says_so(vllm_server, 
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = pd.read_csv(run_dir / "steps.csv")
     assert list(steps["users"]) == [4, 64]
-    # At 64 users a request may outlast the window when the busy machine slows the server: then no request is
-    # measured there, and what the step shows comes from vLLM's metrics alone.
-    assert steps["requests"].iloc[0] > 0
+    # A request may outlast a window when the busy machine slows the server (seen at 64 users, and in a stress run at
+    # 4): then no request is measured there, its latencies are missing (never 0), and what the step shows comes from
+    # vLLM's metrics alone.
+    assert steps.loc[steps["requests"] == 0, "ttft_p50_s"].isna().all()
     records = pd.read_parquet(run_dir / "requests.parquet")
     assert (records["status"] == "ok").all()  # --stop-timeout let the last requests finish
     metrics = pd.read_parquet(run_dir / "metrics.parquet")
@@ -135,9 +136,11 @@ def test_stepped_run_saturates_the_kv_cache_and_the_report_says_so(vllm_server, 
     # got its own in the warm-up and still runs): vLLM's TTFT and queue time are then missing there, never 0.
     measured = steps[steps["requests"] > 0]
     server_ttft, queue = steps["server_ttft_mean_s"], steps["server_queue_time_mean_s"]
-    assert server_ttft.iloc[0] > 0 and (server_ttft.dropna() > 0).all() and measured["ttft_gap_mean_s"].notna().all()
+    assert (server_ttft.dropna() > 0).all() and measured["ttft_gap_mean_s"].notna().all()
     no_queue = measured[measured["waiting_max"] == 0]
-    assert len(no_queue) >= 1 and (no_queue["ttft_gap_mean_s"] > 0).all()
+    assert (no_queue["ttft_gap_mean_s"] > 0).all()
+    if steps["requests"].iloc[0] > 0:  # the 4-user window measured its requests: vLLM's TTFT is there too
+        assert server_ttft.iloc[0] > 0 and len(no_queue) >= 1
     # How long the requests scheduled inside the window had queued is the machine's (seen in a stress run: 11 us at 64
     # users, 32 us at 4, every wait having fallen in the warm-up): missing or a time, never negative.
     assert ((queue.dropna() >= 0).all()) and queue.iloc[0] >= 0
