@@ -212,7 +212,7 @@ def maker_key(options) -> tuple | None:
 
 
 def build_maker(options) -> ImageMaker | None:
-    """An ImageMaker for the run's options, its base pool built (plugin.RunContext keeps one per process, shared by
-    its users), or None without --images."""
+    """An ImageMaker for the run's options, its base pool built (resources.ProcessResources keeps one per process,
+    shared by its users), or None without --images."""
     key = maker_key(options)
     return None if key is None else ImageMaker(key[0], *key[1:]).warm()

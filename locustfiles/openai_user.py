@@ -41,6 +41,7 @@ from ..analysis.sse import (
 from . import datasets, images, request_options, trace_run
 from . import options as options_mod
 from .conversation import ConversationPlayer, is_conversation
+from .exitcodes import EXIT_SETUP_ERROR
 from .openloop import Slot
 from .options import ENDPOINTS
 from .stream_client import StreamClient
@@ -159,22 +160,23 @@ class OpenAIStreamingUser(User):
 
     def _user_seed(self, opts) -> str:
         """This user's seed: reproducible for the same --seed and user layout (worker, order of start)."""
-        return f"{opts.seed}:{getattr(self.environment.runner, 'worker_index', 0)}:{next(self.run.user_numbers)}"
+        return f"{opts.seed}:{getattr(self.environment.runner, 'worker_index', 0)}:{next(self.shared.user_numbers)}"
 
     def on_start(self) -> None:
         env = self.environment
         opts = env.parsed_options
         self.run = env.vllm_loadtest
+        self.shared = self.run.resources  # the process's model, prompts, images and trace replay
         # --rates, or a capacity search over rates: each probe is a rate step; --trace: each row at its time.
         self.trace = trace_run.active(opts)
         self.open_loop = bool(getattr(opts, "rates", "")) or getattr(opts, "find_capacity", "") == "rate" or self.trace
         self._slot: Slot | None = None
         try:
-            self.fields = self.run.request_fields(opts)  # a worker reads its own copy of the --tools file
+            self.fields = self.shared.request_fields(opts)  # a worker reads its own copy of the --tools file
         except ValueError as e:
-            env.process_exit_code = 3  # plugin.EXIT_SETUP_ERROR: bad input, nothing sent
+            env.process_exit_code = EXIT_SETUP_ERROR  # bad input, nothing sent
             raise StopTest(str(e)) from None
-        self.model = self.run.model(self.host)
+        self.model = self.shared.model(self.host)
         self.endpoint = opts.endpoint
         base = URL(self.host)
         self.path = base.path.rstrip("/") + ENDPOINTS[opts.endpoint]
@@ -202,7 +204,7 @@ class OpenAIStreamingUser(User):
             keep_alive=opts.keep_alive,
         )
         # --images: the process's image maker; each body's placeholders get the request's data URLs (_prepare).
-        self.images = self.run.image_maker(opts)
+        self.images = self.shared.image_maker(opts)
         self.image_count = None if self.images is None else self.images.spec.count
         self._image_requests = itertools.count()
         self._prepare = self.http.prepare if self.images is None else self._prepare_with_images
@@ -210,7 +212,7 @@ class OpenAIStreamingUser(User):
             # Per user, the seed of its images (the other requests draw theirs in _prepare_dataset).
             self._seed = self._user_seed(opts)
             # The trace's rows: their bodies built by the process's replay (locustfiles/trace_run.py), ahead.
-            self.replay = self.run.trace_replay(
+            self.replay = self.shared.trace_replay(
                 self.host, self.model, lambda prompt, n: build_payload(opts, self.model, prompt, n, self.fields)
             )
         elif embeddings:
@@ -224,12 +226,12 @@ class OpenAIStreamingUser(User):
         if is_conversation(getattr(opts, "turns", "1")):
             # Session ids: the same random prefix (unique across users and processes) and a counter.
             self.conversation = ConversationPlayer(
-                self.run.dataset(self.host, self.model), opts, self.endpoint, self._seed, prefix, self._next_body
+                self.shared.dataset(self.host, self.model), opts, self.endpoint, self._seed, prefix, self._next_body
             )
 
     def _prepare_dataset(self, opts) -> None:
         """The run's prompts (--dataset) and, unless max_tokens varies per request, their request bytes."""
-        dataset = self.run.dataset(self.host, self.model)
+        dataset = self.shared.dataset(self.host, self.model)
         source = datasets.parse_dataset(opts.dataset)
         self.dataset_spec = dataset.spec
         self.items = dataset.items
@@ -267,7 +269,7 @@ class OpenAIStreamingUser(User):
         """--endpoint embeddings: the dataset's texts (built as for completions: exact token lengths) in batches of
         --batch-size consecutive items, batch k holding items kB .. kB+B-1 (modulo the items); their request bytes
         serialized once per process and shared by its users, unless they are too many (EMBED_PREPARED_BYTES)."""
-        dataset = self.run.dataset(self.host, self.model)
+        dataset = self.shared.dataset(self.host, self.model)
         source = datasets.parse_dataset(opts.dataset)
         self.dataset_spec = dataset.spec
         self.items = dataset.items

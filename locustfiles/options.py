@@ -113,7 +113,7 @@ def check_step_length(options: argparse.Namespace) -> None:
 
 def check(options: argparse.Namespace) -> None:
     """Validate the options that have no argparse type; raises ValueError with a one-line message. The prompt
-    options are checked by locustfiles.datasets.check_dataset (plugin.check_options runs both)."""
+    options are checked by locustfiles.datasets.check_dataset (startup.check_options runs both)."""
     parse_steps(options.steps)
     if getattr(options, "rates", ""):
         parse_rates(options.rates)

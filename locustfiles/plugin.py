@@ -4,6 +4,9 @@ the web UI's LLM tab, and the end of the run (computed by analysis.finish).
     from . import plugin
     plugin.install()          # in a locustfile: registers the arguments and calls register() at init
 
+The features each register here (`register`): the run directory and record writer, the step tracker and its
+load plans, the scraper, the self-check, the distributed ledger, the web UI's tab.
+
 Extension points: `environment.events.llm_request` fires once per finished request with `record=RequestRecord`
 (in the process that sent it); `environment.events.llm_worker_records` fires on the master with `lines=bytes`
 (JSON lines of records) for every batch a worker ships during the run.
@@ -12,21 +15,15 @@ Extension points: `environment.events.llm_request` fires once per finished reque
 from __future__ import annotations
 
 import gc
-import inspect
-import itertools
 import logging
 import os
-import signal
 import socket
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import gevent
-import greenlet
 import locust
-from gevent.event import AsyncResult
 from locust.event import EventHook
 from locust.runners import MasterRunner, WorkerRunner
 
@@ -38,37 +35,25 @@ from ..analysis.records import RECORDS_DIR, RecordWriter, RequestRecord, seriali
 from ..analysis.run import write_run
 from ..analysis.trace import ideal_prefix_hit_rate
 from ..analysis.trace import summary as trace_summary
-from . import conversation, diskspace, images, request_options, selfcheck, trace_run
+from . import diskspace, request_options, selfcheck, startup, trace_run
 from . import options as opts_mod
-from .datasets import Dataset, build_dataset, check_dataset
 from .distributed import RECORDS_EVENT, RecordShipper, WorkerLedger, register_worker_stop
+from .exitcodes import EXIT_CRASH, EXIT_ERRORS, EXIT_OK, EXIT_SETUP_ERROR, EXIT_WRITE_FAILED
 from .preflight import (
     Built,
     RunDirError,
     SetupError,
     check_run_dir,
-    dataset_key,
-    discover_model,
     fetch_server_version,
-    preflight,
-    remove_created,
     resolve_server,
     server_profile_entry,
 )
+from .resources import ProcessResources
 from .scraper import MetricsScraper
 from .shape import StepLoadShape, StepTracker
 from .webui import LLMTab
 
 logger = logging.getLogger("vllm_loadtest")
-
-EXIT_OK = 0
-EXIT_ERRORS = 1  # failed requests above --max-error-rate
-EXIT_CRASH = 2  # the tool itself failed (an unhandled exception): never mistaken for a verdict on the server
-EXIT_SETUP_ERROR = 3  # bad input found before any load was sent
-# A file of the run directory could not be written (disk full, quota, file size limit, read-only, I/O error): the
-# run was stopped at once; the records kept are complete, `python -m analysis report` builds the rest once there is
-# room. Not 2: the suite did what it should; not 1: it is no verdict on the server.
-EXIT_WRITE_FAILED = 4
 
 # The suite's own events (see the module docstring).
 SUITE_EVENTS = ("llm_request", RECORDS_EVENT)
@@ -94,21 +79,15 @@ class RunContext:
 
     def __init__(self, environment, built: Built | None = None) -> None:
         self.environment = environment
-        self._built = built or Built()  # what the headless preflight built: taken instead of built again
-        self.user_numbers = itertools.count()  # users started by this process, for their seeds
-        self._image_makers: dict[tuple, images.ImageMaker] = {}  # --images: one base pool per options
-        self._request_fields = request_options.FieldsCache()  # parsed once per run: build_payload runs per body
         self.worker_name = f"{socket.gethostname()}-{os.getpid()}"
         self.tracker = StepTracker(environment, on_change=self._save_timeline)
+        # What the process builds once and its users share (model, prompts, images, trace replay).
+        self.resources = ProcessResources(
+            environment, built, self.tracker, on_info=lambda: self._save_timeline(self.tracker.timeline)
+        )
         self.run_dir: Path | None = None
         self.writer: RecordWriter | None = None
         self.started_at: float | None = None
-        self._models: dict[str, AsyncResult] = {}
-        self._datasets: dict[tuple, gevent.Greenlet] = {}
-        self.dataset_info: dict | None = None  # how this process built --dataset, for run.json
-        self._replays: dict[tuple, gevent.Greenlet] = {}  # --trace: this process's replay, built once per options
-        self._replay = None  # this run's, once built and ready
-        self.trace_info: dict | None = None  # --trace: the file, slice and rows, for run.json
         self._generated_run_dir: str | None = None
         self.scraper: MetricsScraper | None = None  # this run's, or the last run's once stopped
         self.server_version: str | None = None
@@ -138,97 +117,6 @@ class RunContext:
     def generates_load(self) -> bool:
         return not isinstance(self.environment.runner, MasterRunner)
 
-    # --- model discovery -------------------------------------------------------------------------------
-    def model(self, host: str) -> str:
-        """The --model option, or the first model the server lists; looked up once per process."""
-        chosen = self.environment.parsed_options.model
-        if chosen:
-            return chosen
-        if host not in self._models:
-            result = AsyncResult()
-            self._models[host] = result
-            try:
-                options = self.environment.parsed_options
-                result.set(discover_model(host, options.read_timeout, opts_mod.api_key(options)))
-            except SetupError as e:
-                result.set_exception(e)
-        try:
-            return self._models[host].get()
-        except SetupError as e:
-            self.environment.process_exit_code = EXIT_SETUP_ERROR
-            raise locust.exception.StopTest(str(e)) from None
-
-    def dataset(self, host: str, model: str) -> Dataset:
-        """The run's prompts (--dataset), built once per process and options by a greenlet of its own, so a user
-        stopped while waiting for it cannot leave the others waiting forever."""
-        o = self.environment.parsed_options
-        key = dataset_key(o, host, model)
-        if key not in self._datasets:  # a failed build stays failed: it is a setup error, not retried per user
-            if key in self._built.datasets:  # built (and so validated) before any load, by preflight()
-                self._datasets[key] = gevent.spawn(self._built.datasets.pop, key)
-            else:
-                self._datasets[key] = gevent.spawn(build_dataset, o.dataset, o, host, model, opts_mod.api_key(o))
-        try:
-            dataset = self._datasets[key].get()
-        except ValueError as e:  # DatasetError, or an unreadable --prompt-file
-            self.environment.process_exit_code = EXIT_SETUP_ERROR
-            raise locust.exception.StopTest(str(e)) from None
-        if self.dataset_info is None:
-            self.dataset_info = dataset.info
-            self._save_timeline(self.tracker.timeline)
-        return dataset
-
-    def request_fields(self, options) -> request_options.RequestFields:
-        """The run's request options (--tools, --extra-body ...), parsed once per run in this process; raises
-        ValueError with a one-line fix."""
-        return self._request_fields.get(options)
-
-    @property
-    def traces(self) -> trace_run.Traces:
-        """--trace: the process's trace, read once."""
-        return self._built.traces
-
-    def image_maker(self, options) -> images.ImageMaker | None:
-        """--images: the process's ImageMaker (one base pool shared by its users), or None without --images."""
-        key = images.maker_key(options)
-        if key is not None and key not in self._image_makers:
-            self._image_makers[key] = images.build_maker(options)
-        return None if key is None else self._image_makers[key]
-
-    def trace_replay(self, host: str, model: str, payload):
-        """--trace: this process's replay (the trace, its prompts, its rows' bodies built ahead), built once per
-        options by a greenlet of its own; the first user to get it this run starts building its rows' bodies with
-        `payload` ((prompt, max_tokens) -> the request body) and tells the controller this process is ready."""
-        o = self.environment.parsed_options
-        key = trace_run.replay_key(o, host, model)
-        if key not in self._replays:  # a failed build stays failed: it is a setup error, not retried per user
-            built = self._built.replays.pop(key, None)
-            if built is not None:
-                self._replays[key] = gevent.spawn(lambda: built)
-            else:
-                build = trace_run.build_replay
-                self._replays[key] = gevent.spawn(build, o, host, model, opts_mod.api_key(o), self.traces)
-        try:
-            replay = self._replays[key].get()
-        except ValueError as e:  # TraceError, DatasetError (the tokenizer)
-            if self._replay is None:
-                self._replay = False
-                self.tracker.report_trace_ready(str(e))
-            self.environment.process_exit_code = EXIT_SETUP_ERROR
-            raise locust.exception.StopTest(str(e)) from None
-        if self._replay is None:
-            self._replay = replay
-            rank, processes = self.tracker.trace_rank
-            replay.prefetch(replay.trace.shard(rank, processes) if rank >= 0 else [], payload)
-            known = (self.trace_info or {}).get("ideal_prefix_hit_rate")  # the controller's (a local run)
-            self.trace_info = trace_run.info(replay.trace, o, getattr(replay.prompts, "info", None), known)
-            self.tracker.report_trace_ready(None, self.trace_info.get("prompts"))
-        return replay
-
-    def trace_replay_built(self):
-        """This run's replay once built (None before, or when its build failed)."""
-        return self._replay or None
-
     # --- lifecycle -------------------------------------------------------------------------------------
     def on_test_start(self, environment, **_kw) -> None:
         if self.generates_load:
@@ -238,10 +126,10 @@ class RunContext:
             gc.collect()
             gc.freeze()
         options = environment.parsed_options
-        self._request_fields.clear()  # the --tools file is read again for this run (the web UI runs several)
+        self.resources.start_run()
         if self.is_controller and not options.headless:
             try:
-                check_options(options, self.traces)  # the web UI's start form may have changed them
+                startup.check_options(options, self.resources.traces)  # the web UI's start form may have changed them
             except ValueError as e:
                 logger.error("%s; fix it in the start form", e)
                 gevent.spawn(environment.runner.stop)
@@ -285,21 +173,19 @@ class RunContext:
         if self.ledger is not None:
             self.workers = []
             self.ledger.start(self.run_dir)
-        self.dataset_info = None  # this run's, once its first user has built (or reused) it
-        self._replay = None  # --trace: built again for this run's ranks (the bodies; the trace is kept)
         if self.generates_load and getattr(options, "images", ""):
             try:  # --images: the process's base pool built now, before any request (~170 ms for 512x512 PNG)
-                self.image_maker(options)
+                self.resources.image_maker(options)
             except ValueError:
                 pass  # refused before the run by check_options; the web UI's form says it again at the start
         if self.is_controller and trace_run.active(options):
             try:
-                trace = trace_run.load(options, self.traces)
+                trace = trace_run.load(options, self.resources.traces)
                 blocks = int(options.trace_block_tokens)
                 logger.info("Trace: %s", trace_summary(trace, blocks))
-                self.trace_info = trace_run.info(trace, options, ideal=ideal_prefix_hit_rate(trace, blocks))
+                self.resources.trace_info = trace_run.info(trace, options, ideal=ideal_prefix_hit_rate(trace, blocks))
             except ValueError:
-                self.trace_info = None  # checked before the run: the users say it again
+                self.resources.trace_info = None  # checked before the run: the users say it again
         if self.is_controller:
             self.server_version = None
             self._save_timeline(self.tracker.timeline)
@@ -368,8 +254,7 @@ class RunContext:
     def on_test_stop(self, environment, **_kw) -> None:
         if self.generates_load:
             self.tracker.plan.close()  # logs the scheduled requests that were due and never sent
-            if self._replay:
-                self._replay.stop()
+            self.resources.stop_run()
         if self.writer is not None:
             try:
                 self.writer.close()
@@ -482,7 +367,7 @@ class RunContext:
             model=options.model or None,
             server=server,
             gpu_urls=gpu_urls,
-            warned=self._built.gpu_unanswered,  # the preflight said so already: one warning per exporter
+            warned=self.resources.gpu_unanswered,  # the preflight said so already: one warning per exporter
         ).start()
 
     def _read_server_version(self, host: str) -> None:
@@ -526,8 +411,8 @@ class RunContext:
             "server_profile": server_profile_entry(options),  # the server type used and how it was decided
             "request_options": request_options.run_entry(options),  # what every request carried (None: nothing)
             # How this process built --dataset (tokenizer or estimates, items, notes); a master builds none.
-            "dataset": self.dataset_info or {"spec": getattr(options, "dataset", "fixed")},
-            "trace": self.trace_info,  # --trace: the file, its format, the slice, speed and rows replayed
+            "dataset": self.resources.dataset_info or {"spec": getattr(options, "dataset", "fixed")},
+            "trace": self.resources.trace_info,  # --trace: the file, its format, the slice, speed and rows replayed
             "timeline": timeline,
             "workers": self.workers,
         }
@@ -539,37 +424,9 @@ class RunContext:
                 logger.warning("%s: it keeps its previous version (%s)", e, e.fix)
 
 
-def check_options(options, traces: trace_run.Traces | None = None) -> None:
-    """Every check of the suite's options that needs no server; raises ValueError with a one-line message. `traces`:
-    the process's, so that the trace read here is not read again."""
-    trace_run.check(options, traces)  # first: --trace with --rates or --find-capacity is named as such
-    opts_mod.check(options)
-    request_options.check(options)  # --chat-template-kwargs, --tools, --tool-choice, --extra-body
-    check_dataset(options)
-    conversation.check(options)  # --turns, --history, --think-time (with --dataset and --trace)
-
-
-class _NoStopCallerLookup:
-    """`inspect` as locust.runners sees it, without `stack()`.
-
-    Runner.stop() looks up its caller for a debug line with inspect.stack(), which resolves every frame's source
-    (inspect.getmodule: a realpath per module imported since the last lookup): measured with gevent's blocking
-    monitor, 30-40 ms with the event loop blocked right when the stop begins, while the last requests are still
-    being read. Their first tokens then arrived together with later ones, and their TTFT came out 30-40 ms long
-    (tests/benchmarks/bench_last_records.py). Raising here sends Locust to its own fallback ("couldn't determine
-    where stop() was called from"), at debug level; nothing else in locust.runners uses inspect."""
-
-    def __getattr__(self, name: str):
-        return getattr(inspect, name)
-
-    @staticmethod
-    def stack(context: int = 1):
-        raise RuntimeError("the caller lookup is skipped: it blocks the event loop while streams are read")
-
-
 def register(environment, built: Built | None = None) -> RunContext:
     """Attach the suite to an environment (call from an `init` listener); `built`: what the preflight built."""
-    locust.runners.inspect = _NoStopCallerLookup()
+    locust.runners.inspect = startup.NoStopCallerLookup()
     events = environment.events
     for name in SUITE_EVENTS:
         if not hasattr(events, name):
@@ -593,80 +450,12 @@ def register(environment, built: Built | None = None) -> RunContext:
     return ctx
 
 
-def _deliver_signals_to_the_main_greenlet() -> None:
-    """Ctrl-C and SIGTERM become a KeyboardInterrupt in the main greenlet, where Locust handles it by stopping
-    the users and firing test_stop (which writes the results).
-
-    Python's own SIGINT handler raises KeyboardInterrupt in whatever greenlet is running: seen here killing a
-    user in the middle of writing its record, so a completed request was lost. And in a headless run with a
-    load shape, Locust waits on the shape before installing its SIGTERM handler, so SIGTERM killed the process
-    without writing anything. (Locust's own SIGTERM handler replaces this one where it does get installed.)"""
-    main = greenlet.getcurrent()
-
-    def handler() -> None:
-        logger.warning("Interrupted: stopping the run and writing the results")
-        main.throw(KeyboardInterrupt)
-
-    gevent.signal_handler(signal.SIGINT, handler)
-    gevent.signal_handler(signal.SIGTERM, handler)
-
-
-def apply_users_shortcut(options) -> str | None:
-    """Plain Locust habits keep working with the stepped shape: headless `-u 16 -t 60s` without --steps runs one
-    step of 16 users for 60 s (Locust itself ignores -u and -t when a locustfile has a shape)."""
-    if not options.headless or options.num_users is None or options.steps != opts_mod.DEFAULT_STEPS:
-        return None
-    if getattr(options, "rates", "") or trace_run.active(options):
-        # Said, not silently ignored (Locust ignores -u with a shape): an open-loop run's users are its pool.
-        users = options.num_users
-        flag = "--rates: each rate step" if getattr(options, "rates", "") else "--trace: the replay"
-        return f"-u {users} is ignored with {flag} runs {options.max_users} users (--max-users)"
-    options.steps = str(options.num_users)
-    if options.run_time and options.step_duration == opts_mod.DEFAULT_STEP_DURATION:
-        options.step_duration = f"{options.run_time}s"
-        if opts_mod.parse_duration(options.step_warmup, "--step-warmup", allow_zero=True) >= options.run_time:
-            options.step_warmup = "0s"
-    return (
-        f"-u {options.num_users}{f' -t {options.run_time}s' if options.run_time else ''}: running one step "
-        f"(--steps {options.steps} --step-duration {options.step_duration} --step-warmup {options.step_warmup})"
-    )
-
-
-def _on_init(environment, **_kw) -> None:
-    options = environment.parsed_options
-    if options is not None:
-        # Workers too: Ctrl-C in a terminal reaches every process of a --processes run.
-        _deliver_signals_to_the_main_greenlet()
-    if options is not None and options.headless and not isinstance(environment.runner, WorkerRunner):
-        message = apply_users_shortcut(options)
-        if message:
-            logger.info(message)
-    built = Built()
-    if options is not None and environment.runner is not None and not isinstance(environment.runner, WorkerRunner):
-        created: list[Path] = []
-        try:
-            check_options(options, built.traces)
-            if options.headless:
-                # Created and written before any load (a probe file); the default's timestamped folder is made
-                # under reports/ at the start, on the same disk.
-                run_dir = Path(options.run_dir or "reports")
-                created = check_run_dir(run_dir)
-                warning = diskspace.before_run(options, run_dir)
-                if warning:
-                    logger.warning(warning)
-            if options.headless and options.host:
-                preflight(options, built)
-        except (ValueError, SetupError) as e:
-            remove_created(created)  # a run that does not start leaves no empty run directory behind
-            if options.headless:
-                sys.stderr.write(f"error: {e}\n")
-                sys.exit(EXIT_SETUP_ERROR)
-            logger.error("%s (fix it in the start form)", e)
-    register(environment, built)
-
-
 def install(events=None) -> None:
     """Register the suite's arguments and its init listener on Locust's global events."""
     events = events or locust.events
     events.init_command_line_parser.add_listener(opts_mod.add_arguments)
     events.init.add_listener(_on_init)
+
+
+def _on_init(environment, **_kw) -> None:
+    register(environment, startup.prepare(environment))

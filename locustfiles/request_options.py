@@ -246,14 +246,14 @@ def parse(options) -> RequestFields:
 
 
 def check(options) -> RequestFields:
-    """Before any load: every request option parses (plugin.check_options); the file of --tools is read again, so a
+    """Before any load: every request option parses (startup.check_options); the file of --tools is read again, so a
     web UI run sees its current content."""
     return parse(options)
 
 
 def fields(options) -> RequestFields:
     """The run's request options, parsed now (NONE without any); a process's users take theirs from its
-    FieldsCache instead (plugin.RunContext.request_fields), parsed once per run."""
+    FieldsCache instead (resources.ProcessResources.request_fields), parsed once per run."""
     return parse(options) if any(key(options)[:4]) else NONE
 
 

@@ -22,6 +22,7 @@ from ..analysis.schedule import parse_rates
 from ..analysis.slo import parse_slo
 from . import trace_run
 from .distributed import SHIP_INTERVAL_S
+from .exitcodes import EXIT_SETUP_ERROR
 from .openloop import OpenLoopPlan
 from .options import parse_duration, parse_step_duration, parse_steps
 
@@ -175,7 +176,7 @@ class StepTracker:
 
     def _start_trace_plan(self, message: dict, now: float | None = None, now_wall: float | None = None) -> None:
         ctx = self.environment.vllm_loadtest
-        replay = ctx.trace_replay_built()
+        replay = ctx.resources.trace_replay_built()
         if replay is None:
             logger.error("the trace replay began before this process had built its prompts; it sends no row")
             return
@@ -212,7 +213,7 @@ class StepTracker:
     def _on_trace_ready(self, environment, msg, **_kwargs) -> None:
         data = msg.data or {}
         self.trace.ready[msg.node_id] = data.get("error")
-        info = getattr(environment.vllm_loadtest, "trace_info", None)
+        info = environment.vllm_loadtest.resources.trace_info
         if info is not None and data.get("prompts") and not info.get("prompts"):
             info["prompts"] = data["prompts"]  # every worker builds them alike: the first one's, for run.json
 
@@ -502,7 +503,7 @@ class StepLoadShape(LoadTestShape):
             ready, error = tracker.trace_readiness()
             if error:
                 logger.error("%s", error)
-                environment.process_exit_code = 3
+                environment.process_exit_code = EXIT_SETUP_ERROR
                 tracker.end(adaptive.RUN_STOPPED)
                 return None
             if not ready or (self.runner.user_count < pool and now - self._step_began < trace_run.USERS_WAIT_S):
@@ -510,7 +511,7 @@ class StepLoadShape(LoadTestShape):
                     self._waiting_said = now
                     logger.info("waiting for every load process to build the trace's prompts and spawn its users")
                 return spawn
-            trace = trace_run.load(opts, environment.vllm_loadtest.traces)
+            trace = trace_run.load(opts, environment.vllm_loadtest.resources.traces)
             span = trace_run.span_s(trace, opts)
             windows = trace_run.windows(trace.offsets_s, span, plan.duration)
             logger.info(

@@ -77,7 +77,7 @@ def test_bad_conversation_options_are_one_line(args, words):
 
 
 def test_good_conversation_options_pass(tmp_path):
-    from vllm_loadtest.locustfiles.plugin import check_options
+    from vllm_loadtest.locustfiles.startup import check_options
 
     from tests.helpers.inprocess import parse_options
 

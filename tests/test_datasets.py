@@ -254,7 +254,7 @@ def test_bad_max_tokens_dist_is_a_one_line_error(text):
 
 
 def test_option_check_covers_the_dataset_options(tmp_path):
-    from vllm_loadtest.locustfiles.plugin import check_options as check
+    from vllm_loadtest.locustfiles.startup import check_options as check
 
     check(parse_options("--dataset", "synthetic:32", "--max-tokens-dist", "uniform:1:8"))
     (tmp_path / "p.json").write_text('["a prompt"]')

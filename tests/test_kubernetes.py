@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from vllm_loadtest.embedded_vllm import server as embedded_server
-from vllm_loadtest.locustfiles import plugin
+from vllm_loadtest.locustfiles import startup
 
 from tests.helpers.compose import load as load_compose
 from tests.helpers.inprocess import parse_options
@@ -110,7 +110,7 @@ def test_master_arguments_parse_and_pass_the_suites_checks(tmp_path):
     conf = tmp_path / "master.conf"
     conf.write_text(master_conf(keep_gpu_url=True))
     options = parse_options("--config", str(conf))
-    plugin.check_options(options)  # every check that needs no server: the same a headless master runs first
+    startup.check_options(options)  # every check that needs no server: the same a headless master runs first
     assert options.master and options.headless
     assert options.locustfile == "locustfiles/vllm_streaming.py"
     assert options.expect_workers == resource("Deployment", "locust-worker")["spec"]["replicas"]

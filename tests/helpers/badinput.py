@@ -1,5 +1,5 @@
 """Bad input found in this process, by the same checks a headless run makes before any load and in their order
-(locustfiles/plugin.py at Locust's init): Locust's parser with the suite's arguments, plugin.check_options(), the run
+(locustfiles/plugin.py at Locust's init): Locust's parser with the suite's arguments, startup.check_options(), the run
 directory, and, with --host, the preflight questions to the server. What the run then prints and its exit code 3
 are checked by a few real runs (tests/test_bad_input.py)."""
 
@@ -9,8 +9,8 @@ import io
 from contextlib import redirect_stderr
 from pathlib import Path
 
-from vllm_loadtest.locustfiles.plugin import check_options
 from vllm_loadtest.locustfiles.preflight import SetupError, check_run_dir, preflight, remove_created
+from vllm_loadtest.locustfiles.startup import check_options
 
 from tests.helpers.inprocess import parse_options
 
