@@ -50,7 +50,8 @@ from .preflight import (
 )
 from .resources import ProcessResources
 from .scraper import MetricsScraper
-from .shape import StepLoadShape, StepTracker
+from .shape import SuiteShape
+from .tracker import StepTracker
 from .webui import LLMTab
 
 logger = logging.getLogger("vllm_loadtest")
@@ -209,7 +210,7 @@ class RunContext:
 
     def _stop_run(self) -> None:
         """Stop the run now, as the end of its last step does. A run of the stepped shape ends at the shape's next
-        tick, within a second (StepLoadShape.tick returns None, as at a capacity search's end, and Locust stops, or
+        tick, within a second (SuiteShape.tick returns None, as at a capacity search's end, and Locust stops, or
         quits when headless, from the shape's own greenlet: a stop from any other greenlet would let Locust's main
         greenlet, which waits on the shape in a headless or --autostart run, stop the run a second time and finish
         it twice). Without the shape (a locustfile of one's own) Locust is told from a greenlet of its own, never
@@ -217,7 +218,7 @@ class RunContext:
         environment = self.environment
         runner = environment.runner
         shape = getattr(runner, "shape_greenlet", None)
-        if isinstance(environment.shape_class, StepLoadShape) and shape is not None and not shape.dead:
+        if isinstance(environment.shape_class, SuiteShape) and shape is not None and not shape.dead:
             self.tracker.stop_requested = True
             return
         gevent.spawn(runner.quit if environment.parsed_options.headless else runner.stop)

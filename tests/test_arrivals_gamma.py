@@ -17,8 +17,8 @@ from vllm_loadtest.analysis import arrivals as arr
 from vllm_loadtest.analysis.report import CDF_RANKS, CDF_TAIL_RANKS, arrivals_figure, arrivals_html
 from vllm_loadtest.analysis.schedule import ARRIVALS, arrival_times
 from vllm_loadtest.locustfiles.openloop import OpenLoopPlan
-from vllm_loadtest.locustfiles.shape import StepTracker
 from vllm_loadtest.locustfiles.startup import check_options
+from vllm_loadtest.locustfiles.tracker import StepTracker
 
 from tests.helpers.badinput import first_error
 from tests.helpers.inprocess import parse_options

@@ -134,7 +134,7 @@ def test_due_times_never_sent_are_counted_at_the_end():
 
 
 def test_a_worker_sends_its_rank_s_share(monkeypatch):
-    from vllm_loadtest.locustfiles.shape import StepTracker
+    from vllm_loadtest.locustfiles.tracker import StepTracker
 
     env = SimpleNamespace(runner=SimpleNamespace(client_id="b"), parsed_options=None)
     tracker = StepTracker(env)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 from vllm_loadtest.analysis import adaptive, capacity
-from vllm_loadtest.locustfiles.shape import StepLoadShape, _Plan, _Search
+from vllm_loadtest.locustfiles.shape import CapacityShape, StepLength, _Search
 
 pytestmark = pytest.mark.unit
 
@@ -27,10 +27,11 @@ class Search(_Search):
 
 
 def probe_end(verdict: str, reason: str | None, elapsed_s: float) -> tuple[str | None, dict]:
-    plan = _Plan([], None, 4.0, None, MAX_S, 0.5, Search(verdict))
+    shape = CapacityShape()
+    shape.search, shape.length = Search(verdict), StepLength(None, MAX_S, 0.5)
     entry = {"step": 4, "users": 28, "end_check": {"reason": reason, "rel_half_width": 0.045}}
     tracker = SimpleNamespace(timeline=[entry])
-    return StepLoadShape._probe_end(SimpleNamespace(), plan, tracker, reason, elapsed_s), entry
+    return shape._probe_end(tracker, reason, elapsed_s), entry
 
 
 def test_a_straddling_probe_goes_on_before_its_maximum():
