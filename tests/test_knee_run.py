@@ -1,12 +1,11 @@
 """End to end (a real `locust` process against tests/fakeserver.py): a server that admits 8 streams at once and
 slows its token gaps threefold while exactly 2 run. The knee is at 8 users, the 2-user step is the only outlier
 (explained by the server's own TPOT), the server is past its batch limit at 16 users, and every step's aggregate
-tok/s interval holds the rate the server's exact timing implies (its send times at /truth, the client's gap)."""
+tok/s interval holds the rate the server itself sent at (its exact send times at /truth)."""
 
 from __future__ import annotations
 
 import json
-import statistics
 
 import pandas as pd
 import pytest
@@ -18,21 +17,15 @@ pytestmark = pytest.mark.contract
 TTFT_MS, ITL_MS, TOKENS, SLOTS = 20, 5, 32, 8
 
 
-def implied_tok_s(truth: dict, users: int, start: float, end: float, gap_s: float) -> float:
-    """Tokens/s the server's exact timing implies for a closed loop of `users` over [start, end): each user waits
-    for its request (the server's own time for it, the median over the requests it received in the window, which
-    holds the slowed gaps) and then the client's gap before the next. Past SLOTS users every slot is always busy,
-    and the rate is set by each slot's cycle: TTFT + (TOKENS - 1) * ITL plus the handover to the next waiting stream
-    (a thread woken, the last writes), which grows with the machine's load (2.8 % under 1462.9 tok/s with the e2e
-    tests running beside it). So there it is the server's own count: the tokens of the streams it finished
-    in the window. So it is at SLOTS users too: there every user's own gap counts, and the gap measured with one
-    user grows with eight on a loaded machine (implied 1452.8 tok/s against a CI high of 1422.1 with two CPU
-    burners beside the contract tests); about 180 streams finish in the window, so the count is exact to a percent."""
-    if users >= SLOTS:
-        done = [t["tokens"] for t in truth.values() if start <= t["last_sent_wall"] < end]
-        return sum(done) / (end - start)
-    served = [t["last_sent_wall"] - t["recv_wall"] for t in truth.values() if start <= t["recv_wall"] < end]
-    return users * TOKENS / (statistics.median(served) + gap_s)
+def server_tok_s(truth: dict, start: float, end: float) -> float:
+    """Tokens/s the server itself sent over [start, end): the tokens of the streams it finished in the window, from
+    its exact send times at /truth. Not a model of the closed loop: a model (each user's cycle = the server's time +
+    the client's gap measured at 1 user) held on an idle machine but not on a busy one, where the client's event loop
+    lagged 46 ms at p99 in the 4-user step and the model implied 728 tok/s against a measured 630 [595, 666] (and at
+    8 users 1452.8 against a CI high of 1422.1 with two CPU burners). About 25 to 180 streams finish in a window, so
+    the count is what the client's interval must hold."""
+    done = [t["tokens"] for t in truth.values() if start <= t["last_sent_wall"] < end]
+    return sum(done) / (end - start)
 
 
 def test_a_slowed_step_is_an_outlier_and_the_knee_holds_at_the_servers_batch_limit(fake_server, tmp_path):
@@ -53,12 +46,8 @@ def test_a_slowed_step_is_an_outlier_and_the_knee_holds_at_the_servers_batch_lim
 
     truth = server.get("/truth")
     run = json.loads((run_dir / "run.json").read_text())
-    # The client's own gap between one request's end and its next send, from the 1-user step (one user: in order).
-    one = pd.read_parquet(run_dir / "requests.parquet").query("step == 0").sort_values("start_time")
-    gap_s = float((one["start_time"].shift(-1) - (one["start_time"] + one["duration_s"])).median())
-    assert 0 <= gap_s < 0.02, gap_s
     for step, row in zip(run["timeline"], steps.itertuples()):
-        expected = implied_tok_s(truth, row.users, step["measure_start"], step["end_time"], gap_s)
+        expected = server_tok_s(truth, step["measure_start"], step["end_time"])
         assert row.aggregate_tok_s_ci_low <= expected <= row.aggregate_tok_s_ci_high, (
             row.users, expected, row.aggregate_tok_s_ci_low, row.aggregate_tok_s, row.aggregate_tok_s_ci_high,
         )  # fmt: skip
