@@ -1,8 +1,8 @@
 """Two runs compared step by step: is the difference larger than the noise each run's own intervals allow?
 
 Pure: works on two step tables (steps.csv). Steps are matched by load (users; the intended rate when both are
---rates runs). For each of aggregate tok/s, TTFT p95 and TPOT p95 (two embeddings runs: inputs/s, prompt tok/s and E2E
-p95) the difference is relative to the other run,
+--rates runs). For each of aggregate tok/s, TTFT p95 and TPOT p95 (two runs of one batch kind: its items/s, prompt
+tok/s and E2E p95) the difference is relative to the other run,
 d = a / b - 1, and its 95 % interval combines the two runs' independent intervals on the relative scale (the delta
 method for a ratio): half-width = (a / b) * sqrt((h_a / a)^2 + (h_b / b)^2), h = (ci_high - ci_low) / 2. A
 difference is significant when |d| exceeds that half-width. The intervals are each run's within-run noise only:
@@ -16,12 +16,22 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from .batch import table_kind
+from .glossary import STEP_TABLE
+from .kinds import RequestKind
 from .schedule import is_rate_run, rate_label
 
 # (column, label): what is compared, each with its interval columns <column>_ci_low / <column>_ci_high.
 METRICS = (("aggregate_tok_s", "aggregate tok/s"), ("ttft_p95_s", "TTFT p95"), ("tpot_p95_s", "TPOT p95"))
-# Two embeddings runs (no output tokens, no TTFT, no TPOT): their throughput and latency, with the same intervals.
-EMBEDDINGS_METRICS = (("inputs_per_s", "inputs/s"), ("prompt_tok_s", "prompt tok/s"), ("e2e_p95_s", "E2E p95"))
+
+
+def batch_metrics(kind: RequestKind) -> tuple[tuple[str, str], ...]:
+    """Two runs of a batch kind (no output tokens, no TTFT, no TPOT): their throughput and latency, with the same
+    intervals."""
+    rate = str(kind.item_rate)
+    return (rate, STEP_TABLE[rate].unit), ("prompt_tok_s", "prompt tok/s"), ("e2e_p95_s", "E2E p95")
+
+
 CI_LOW, CI_HIGH = "_ci_low", "_ci_high"
 
 NOISE_NOTE = (
@@ -112,7 +122,7 @@ class Comparison:
     steps: list[StepComparison] = field(default_factory=list)
     unmatched: str | None = None  # why the steps could not be matched at all
     missing_intervals: list[str] = field(default_factory=list)  # the runs whose steps.csv has no intervals
-    metrics: tuple[tuple[str, str], ...] = METRICS  # (column, label) compared: EMBEDDINGS_METRICS for embeddings
+    metrics: tuple[tuple[str, str], ...] = METRICS  # (column, label) compared: batch_metrics for a batch kind
 
     def lines(self) -> list[str]:
         """The console's (and the report's) sentences."""
@@ -161,10 +171,6 @@ def _has_intervals(table: pd.DataFrame, metrics: tuple[tuple[str, str], ...] = M
     return all(c + s in table.columns for c, _ in metrics for s in (CI_LOW, CI_HIGH))
 
 
-def _embeddings(table: pd.DataFrame) -> bool:
-    return "inputs_per_s" in table.columns and bool(pd.to_numeric(table["inputs_per_s"], errors="coerce").notna().any())
-
-
 def compare_runs(table: pd.DataFrame, other: pd.DataFrame, this_name: str, other_name: str) -> Comparison:
     """Per load present in either run: each METRICS difference of `table` relative to `other` (module docstring);
     a load in one run only is named, not compared."""
@@ -178,8 +184,9 @@ def compare_runs(table: pd.DataFrame, other: pd.DataFrame, this_name: str, other
         return comparison
     key = "rate_rps" if rates[0] else "users"
     comparison.key = key
-    if _embeddings(table) and _embeddings(other):
-        comparison.metrics = EMBEDDINGS_METRICS
+    batch = table_kind(table)
+    if batch is not None and table_kind(other) == batch:
+        comparison.metrics = batch_metrics(batch)
     metrics = comparison.metrics
     missing = [name for name, t in ((this_name, table), (other_name, other)) if not _has_intervals(t, metrics)]
     comparison.missing_intervals = missing

@@ -9,8 +9,8 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
+from . import glossary, kinds, roofline, schedule
 from . import knee as knee_rules
-from . import roofline, schedule
 from .generator import advice, flagged, reasons
 from .histograms import from_columns, ms_text
 from .steps import throughput_column, unstable
@@ -192,15 +192,21 @@ def _step_name(row: pd.Series) -> str:
     return f"the {int(row['users'])}-user step"
 
 
-# The curve's throughput column -> its unit in words and its name in the knee's sentence.
-_UNITS = {"aggregate_tok_s": "tok/s", "inputs_per_s": "inputs/s"}
-_NAMES = {"aggregate_tok_s": "Aggregate throughput", "inputs_per_s": "Embeddings throughput (inputs/s)"}
+def _unit(y_col: str) -> str:
+    """The curve's throughput column's unit in words: tok/s, or a batch kind's items/s (its glossary unit)."""
+    return "tok/s" if y_col == knee_rules.THROUGHPUT else glossary.STEP_TABLE[y_col].unit
+
+
+def _name(y_col: str) -> str:
+    """Its name in the knee's sentence: 'Aggregate throughput', 'Embeddings throughput (inputs/s)'."""
+    kind = kinds.by_item_rate(y_col)
+    return "Aggregate throughput" if kind is None else f"{kind.title} throughput ({_unit(y_col)})"
 
 
 def _tok_s(row: pd.Series, y_col: str = knee_rules.THROUGHPUT) -> str:
     """Its throughput with the interval's half-width when there is one: '5512 ± 41 tok/s', '412 ± 9 inputs/s'."""
     y, low, high = (knee_rules.num(row, c) for c in (y_col, f"{y_col}_ci_low", f"{y_col}_ci_high"))
-    unit = _UNITS[y_col]
+    unit = _unit(y_col)
     if math.isnan(low) or math.isnan(high):
         return f"{y:.0f} {unit}"
     return f"{y:.0f} ± {(high - low) / 2:.0f} {unit}"
@@ -231,7 +237,7 @@ def _knee_line(rows: pd.DataFrame, k: knee_rules.Knee, key: str, unit: str, y_co
         change = nxt[y_col] / at[y_col] - 1 if at[y_col] > 0 else math.nan
         per = "" if pd.isna(change) else f" ({change * 100:+.0f} %)"
     return (
-        f"{_NAMES[y_col]} flattens at {_load(at)}: the knee lies between {_between(at, nxt)}. Going "
+        f"{_name(y_col)} flattens at {_load(at)}: the knee lies between {_between(at, nxt)}. Going "
         f"to {_load(nxt)} changed it from {_tok_s(at, y_col)} to {_tok_s(nxt, y_col)}{per}, and no later step rose "
         "more than "
         f"{KNEE_GAIN * 100:.0f} % above it beyond the noise."
@@ -266,7 +272,7 @@ def _outlier_line(row: pd.Series, outlier: knee_rules.Outlier, y_col: str = knee
 
 def _unstable_line(row: pd.Series, y_col: str = knee_rules.THROUGHPUT) -> str:
     first, second = row.get(f"{y_col}_first_half"), row.get(f"{y_col}_second_half")
-    halves = f"from {first:.0f} to {second:.0f} {_UNITS[y_col]}"
+    halves = f"from {first:.0f} to {second:.0f} {_unit(y_col)}"
     if pd.isna(first) or pd.isna(second):
         halves = "by more than its noise"  # a table written without the halves
     return (

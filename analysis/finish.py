@@ -23,10 +23,12 @@ from . import __version__ as SUITE_VERSION
 from . import capacity, roofline, servers
 from .adaptive import step_lengths_text
 from .arrivals import Arrivals, arrivals_of_run
+from .batch import run_kind
 from .compare import Comparison, compare_runs
 from .diagnosis import Diagnosis, diagnose, worker_lines
 from .diskio import replace_file
 from .integrity import integrity
+from .kinds import RequestKind
 from .live import close_open_steps
 from .outages import Outage, find_outages, outage_lines
 from .prometheus_text import scrape_timeout_s
@@ -118,6 +120,7 @@ def _summary(outcome: Outcome) -> dict:
     cut = records["error_type"] == CUT_OFF
     errors = records[(records["status"] != "ok") & ~cut]["error_type"].value_counts().to_dict()
     ok = records[records["status"] == "ok"]
+    batch = run_kind(records)
     return {
         "run_dir": str(outcome.run_dir),
         "started_at": run.get("started_at"),
@@ -131,9 +134,9 @@ def _summary(outcome: Outcome) -> dict:
         "ok": len(ok),
         "errors": {str(k): int(v) for k, v in errors.items()},
         "cut_off": int(cut.sum()),
-        # An embeddings run generates no tokens: its output_tokens is missing (null), not 0; its totals are these.
-        "output_tokens": None if _embeddings_run(records) else (int(ok["output_tokens"].sum()) if len(ok) else 0),
-        **({"embeddings": _embeddings_totals(run, ok)} if _embeddings_run(records) else {}),
+        # A batch kind's run generates no tokens: its output_tokens is missing (null), not 0; its totals are these.
+        "output_tokens": None if batch is not None else (int(ok["output_tokens"].sum()) if len(ok) else 0),
+        **({} if batch is None else {batch.name: _batch_totals(batch, run, ok)}),
         "steps": json.loads(outcome.table.to_json(orient="records")),  # NaN -> null: missing stays missing
         **({} if outcome.turns is None else {"turns": json.loads(outcome.turns.to_json(orient="records"))}),
         "diagnosis": outcome.diagnosis.to_dict(),
@@ -151,18 +154,14 @@ def _summary(outcome: Outcome) -> dict:
     }
 
 
-def _embeddings_run(records: pd.DataFrame) -> bool:
-    return "inputs" in records.columns and bool(pd.to_numeric(records["inputs"], errors="coerce").notna().any())
-
-
-def _embeddings_totals(run: dict, ok: pd.DataFrame) -> dict:
-    """summary.json's `embeddings`: the settings and the ok requests' inputs and prompt tokens (per step: `steps`)."""
+def _batch_totals(kind: RequestKind, run: dict, ok: pd.DataFrame) -> dict:
+    """summary.json's section of a batch kind, named after it (e.g. `embeddings`): its own options' values and the
+    ok requests' items and prompt tokens (per step: `steps`)."""
     options = run.get("options") or {}
     prompt = pd.to_numeric(ok["prompt_tokens"], errors="coerce")
     return {
-        "batch_size": options.get("batch_size"),
-        "encoding_format": options.get("encoding_format"),
-        "inputs": int(pd.to_numeric(ok["inputs"], errors="coerce").fillna(0).sum()),
+        **{name: options.get(name) for name, _flag, _default in kind.own_options},
+        str(kind.items): int(pd.to_numeric(ok[kind.items], errors="coerce").fillna(0).sum()),
         "prompt_tokens": int(prompt.fillna(0).sum()) if prompt.notna().any() else None,
     }
 

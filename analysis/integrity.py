@@ -14,6 +14,8 @@ import math
 import pandas as pd
 
 from . import servers
+from .batch import run_kind
+from .kinds import RequestKind
 from .server_metrics import GENERATION_TOKENS, SUCCESS, ServerSeries, server_rows
 from .sse import CUT_OFF
 
@@ -48,8 +50,10 @@ def _integrity(
     def unavailable(reason: str) -> dict:
         return {"available": False, "reason": reason}
 
-    # An embeddings run generates no tokens: only the finished requests and the prompt tokens are compared.
-    embeddings = "inputs" in records.columns and bool(pd.to_numeric(records["inputs"], errors="coerce").notna().any())
+    # A batch kind's run (e.g. embeddings) generates no tokens: only the finished requests and the prompt tokens
+    # are compared.
+    batch = run_kind(records)
+    embeddings = batch is not None
     needed = ("success",) if embeddings else ("success", "generation_tokens")
     lacking = [k for k in needed if not profile.has(k)]
     if lacking:
@@ -77,7 +81,7 @@ def _integrity(
     if embeddings:
         if math.isnan(finished):
             return unavailable("fewer than two successful scrapes")
-        return _embeddings(records, ok, server, finished, profile)
+        return _batch(batch, records, ok, server, finished, profile)
     tokens = server.increase(GENERATION_TOKENS, start, math.inf)
     if math.isnan(finished) or math.isnan(tokens):
         return unavailable("fewer than two successful scrapes")
@@ -117,26 +121,32 @@ def _integrity(
 _WHAT = {"success": "finished requests", "generation_tokens": "generated tokens"}
 
 
-def _embeddings(
-    records: pd.DataFrame, ok: pd.DataFrame, server: ServerSeries, finished: float, profile: servers.ServerProfile
+def _batch(
+    kind: RequestKind,
+    records: pd.DataFrame,
+    ok: pd.DataFrame,
+    server: ServerSeries,
+    finished: float,
+    profile: servers.ServerProfile,
 ) -> dict:
-    """An embeddings run: ok requests against the finished requests, the ok requests' prompt tokens against the
-    server's prompt-token counter; output tokens do not apply (an embedding generates none)."""
-    # vLLM makes one engine request per input of an embeddings request and counts each as a finished request
-    # (pooling/base/serving.py; measured: a batch of N adds N to request_success_total{stop}), so the inputs of the
-    # ok requests are what the counter must equal.
-    inputs = pd.to_numeric(records["inputs"], errors="coerce").fillna(0)
-    ok_inputs = int(inputs[records["status"] == "ok"].sum())
-    other_inputs = int(inputs[records["status"] != "ok"].sum())
+    """A batch kind's run: ok requests' items against the finished requests, the ok requests' prompt tokens against
+    the server's prompt-token counter; output tokens do not apply (nothing is generated)."""
+    # vLLM makes one engine request per item (an embeddings request's input, a scoring request's pair of texts)
+    # and counts each as a finished request (pooling/base/serving.py; measured: a batch of N adds N to
+    # request_success_total{stop}), so the items of the ok requests are what the counter must equal.
+    items = str(kind.items)
+    counts = pd.to_numeric(records[items], errors="coerce").fillna(0)
+    ok_items = int(counts[records["status"] == "ok"].sum())
+    other_items = int(counts[records["status"] != "ok"].sum())
     out: dict = {
-        "available": True, "embeddings": True, "client_ok": len(ok), "client_ok_inputs": ok_inputs,
-        "server_finished": int(finished), "other_inputs": other_inputs,
+        "available": True, "embeddings": True, "kind": kind.name, "items": items, "client_ok": len(ok),
+        f"client_ok_{items}": ok_items, "server_finished": int(finished), f"other_{items}": other_items,
     }  # fmt: skip
     out["not_ok"] = int((records["status"] != "ok").sum())
-    out["requests_match"] = out["client_ok_inputs"] == out["server_finished"]
+    out["requests_match"] = ok_items == out["server_finished"]
     # A request cut off at the stop (or failed after it was sent) may still have had some of its inputs pooled and
     # counted: the server's count then lies between the ok inputs and the ok plus those requests' inputs.
-    out["requests_within"] = ok_inputs <= out["server_finished"] <= ok_inputs + other_inputs
+    out["requests_within"] = ok_items <= out["server_finished"] <= ok_items + other_items
     name = PROMPT_TOKENS.get(profile.name)
     prompt = server.increase(name, server.first_scrape, math.inf) if name and server.has(name) else math.nan
     client_prompt = pd.to_numeric(ok["prompt_tokens"], errors="coerce")
@@ -150,25 +160,26 @@ def _embeddings(
     return out
 
 
-def _embeddings_text(check: dict) -> list[str]:
-    """The embeddings check in plain sentences (inputs as the server's finished requests, prompt tokens; output
+def _batch_text(check: dict) -> list[str]:
+    """A batch kind's check in plain sentences (items as the server's finished requests, prompt tokens; output
     tokens do not apply)."""
-    finished, ok_inputs = check["server_finished"], check["client_ok_inputs"]
+    items, kind = check.get("items", "inputs"), check.get("kind", "embeddings")
+    finished, ok_items, other = check["server_finished"], check[f"client_ok_{items}"], check[f"other_{items}"]
     if check["requests_match"]:
         lines = [
-            f"Requests: the {check['client_ok']} ok requests carried {ok_inputs} inputs, exactly the {finished} "
-            "requests the server finished (it counts each input of an embeddings request as one)."
+            f"Requests: the {check['client_ok']} ok requests carried {ok_items} {items}, exactly the {finished} "
+            f"requests the server finished (it counts each of a {kind} request's {items} as one)."
         ]
     elif check["requests_within"]:
         lines = [
-            f"Requests: the server finished {finished} inputs, the ok requests carried {ok_inputs} "
-            f"({finished - ok_inputs:+d}); the {check['not_ok']} failed or cut-off requests ({check['other_inputs']} "
-            "inputs) account for a difference."
+            f"Requests: the server finished {finished} {items}, the ok requests carried {ok_items} "
+            f"({finished - ok_items:+d}); the {check['not_ok']} failed or cut-off requests ({other} "
+            f"{items}) account for a difference."
         ]
     else:
         lines = [
-            f"MISMATCH: the server finished {finished} inputs, the ok requests carried {ok_inputs} "
-            f"({finished - ok_inputs:+d}), beyond the {check['other_inputs']} inputs of failed or cut-off requests: "
+            f"MISMATCH: the server finished {finished} {items}, the ok requests carried {ok_items} "
+            f"({finished - ok_items:+d}), beyond the {other} {items} of failed or cut-off requests: "
             "requests from other clients during the run, or records lost."
         ]
     client, server = check.get("client_ok_prompt_tokens"), check.get("server_prompt_tokens")
@@ -191,7 +202,7 @@ def _embeddings_text(check: dict) -> list[str]:
             f"MISMATCH: the server counted {server} prompt tokens, the ok requests hold {client} "
             f"({server - client:+d}), and no request failed: other clients, or lost records."
         )
-    lines.append("Output tokens: do not apply (an embeddings request generates none).")
+    lines.append(f"Output tokens: do not apply (a {kind} request generates none).")
     return lines
 
 
@@ -236,8 +247,8 @@ def integrity_text(check: dict) -> list[str]:
 def _check_text(check: dict) -> list[str]:
     if not check.get("available"):
         return [f"Integrity check not available: {check.get('reason', 'no server metrics')}."]
-    if check.get("embeddings"):
-        return _embeddings_text(check)
+    if check.get("embeddings"):  # any batch kind's check (the key predates the other batch kinds)
+        return _batch_text(check)
     lines = _requests_text(check)
     diff = check["server_generated_tokens"] - check["client_ok_tokens"]
     if check["tokens_match"]:

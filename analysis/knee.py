@@ -36,7 +36,7 @@ def num(row: pd.Series, col: str) -> float:
         return math.nan
 
 
-THROUGHPUT = "aggregate_tok_s"  # the curve's y; an embeddings run's is inputs_per_s (no output tokens)
+THROUGHPUT = "aggregate_tok_s"  # the curve's y; a batch kind's run's is its items/s (batch.throughput_column)
 
 
 def _bounds(row: pd.Series, y_col: str = THROUGHPUT) -> tuple[float, float, float]:

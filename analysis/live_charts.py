@@ -1,5 +1,6 @@
-"""The data of the web UI's live charts (`/llm/charts.json`): per-step tok/s with its interval (an embeddings run:
-inputs/s), TTFT/TPOT p95 over time (and E2E p95, what an embeddings run's page draws), the server's KV-cache usage
+"""The data of the web UI's live charts (`/llm/charts.json`): per-step tok/s with its interval (a batch kind's run,
+e.g. embeddings: its items/s, named by `items`), TTFT/TPOT p95 over time (and E2E p95, what such a run's page
+draws), the server's KV-cache usage
 and waiting requests, the step timeline and the suspect steps.
 
 Pure but for `ScrapeTail`, which reads the new bytes of metrics.jsonl (no Locust, no network). Everything is plain
@@ -17,6 +18,9 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from .batch import table_kind
+from .glossary import STEP_TABLE
+from .kinds import RequestKind
 from .server_metrics import KV_CACHE, RUNNING, WAITING
 from .uncertainty import min_samples_for_quantile
 
@@ -253,6 +257,7 @@ def step_points(table: pd.DataFrame | None, timeline: list[dict], t0: float, now
     """One entry per step of the timeline: its boundaries (seconds since t0; end null while it runs), its tok/s with
     the interval when the table has one, its p95s and its suspect flags when the table has them."""
     rows = {}
+    rate = str(batch.item_rate) if (batch := _batch(table)) is not None else ""
     if table is not None and len(table) and "step" in table.columns:
         rows = {int(r["step"]): r for r in table.to_dict("records") if _num(r.get("step")) is not None}
     few = min_samples_for_quantile(P95)
@@ -279,10 +284,10 @@ def step_points(table: pd.DataFrame | None, timeline: list[dict], t0: float, now
                 "requests": None if requests is None else int(requests),
                 "ttft_p95_s": _num(row.get("ttft_p95_s")),
                 "tpot_p95_s": _num(row.get("tpot_p95_s")),
-                # An embeddings run's curve (its tok/s, TTFT and TPOT are missing): the page draws these instead.
-                "inputs_per_s": _num(row.get("inputs_per_s")),
-                "inputs_ci_low": _num(row.get("inputs_per_s_ci_low")),
-                "inputs_ci_high": _num(row.get("inputs_per_s_ci_high")),
+                # A batch kind's curve (its tok/s, TTFT and TPOT are missing): the page draws these instead.
+                "items_per_s": _num(row.get(rate)) if rate else None,
+                "items_ci_low": _num(row.get(f"{rate}_ci_low")) if rate else None,
+                "items_ci_high": _num(row.get(f"{rate}_ci_high")) if rate else None,
                 "e2e_p95_s": _num(row.get("e2e_p95_s")),
                 "few_samples": requests is not None and requests < few,
                 "stable": stable,
@@ -316,10 +321,24 @@ def chart_data(
         "elapsed_s": round(now - t0, 3) if timeline else None,
         "has_ci": {"aggregate_tok_s_ci_low", "aggregate_tok_s_ci_high"} <= table_columns,
         "has_flags": bool({"stable", "outlier"} & table_columns),
+        "items": _items(table),
         "steps": step_points(table, timeline, t0, now),
         "latency": (latency or LatencyBins()).update(records if timeline else None, t0, now),
         "server": server_series(tail, t0) if tail is not None and timeline else None,
     }
+
+
+def _batch(table: pd.DataFrame | None) -> RequestKind | None:
+    return table_kind(table) if table is not None and len(table) else None
+
+
+def _items(table: pd.DataFrame | None) -> dict | None:
+    """A batch kind's run: what its curve counts (the page's labels); None for a streamed kind's."""
+    kind = _batch(table)
+    if kind is None:
+        return None
+    column = STEP_TABLE[str(kind.item_rate)]
+    return {"kind": kind.name, "unit": column.unit, "label": column.label}
 
 
 def to_json(data: dict) -> bytes:

@@ -97,7 +97,7 @@ class RequestRecord:
     ttfo_s: float | None = None  # time to first output token: the first answer or tool-call token
     tool_call_chunks: int | None = None  # token-carrying chunks with delta.tool_calls
     answer_tpot_s: float | None = None  # TPOT over the answer only (after the first output token)
-    # Embeddings (--endpoint embeddings) and images (--images); None where they do not apply.
+    # What a batch kind's request carried (analysis/kinds.py) and images (--images); None where they do not apply.
     inputs: int | None = None  # embeddings: the inputs the request carried (--batch-size)
     images: int | None = None  # chat with --images: the images the request carried
     # Whether the step table counts it (analysis/steps.py measured_column): decided at the merge, from the run's

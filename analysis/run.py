@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 
 from .adaptive import end_reasons
+from .batch import BATCH_COLUMNS
 from .diskio import replace_file
-from .embeddings import EMBEDDINGS_COLUMNS
 from .generator import merge_generator, step_generator_table
 from .gpu import GPU_COLUMNS, step_gpu_table
 from .reasoning import REASONING_COLUMNS
@@ -71,9 +71,9 @@ def compute_table(
     # roofline verdict on the same samples.
     table = table.merge(step_gpu_table(metrics, timeline), on="step", how="left")
     table = table.merge(roofline_table(samples(metrics), timeline), on="step", how="left")
-    # Reasoning and tool calls (issue 18) after why each step ended, then embeddings (issue 19), then GPU (issue 20;
-    # its columns in the glossary's order, whichever module fills them).
-    tail = REASONING_COLUMNS + EMBEDDINGS_COLUMNS + [c for c in GPU_COLUMNS if c in table.columns]
+    # Reasoning and tool calls (issue 18) after why each step ended, then the batch kinds (issues 19, 33), then GPU
+    # (issue 20; its columns in the glossary's order, whichever module fills them).
+    tail = REASONING_COLUMNS + BATCH_COLUMNS + [c for c in GPU_COLUMNS if c in table.columns]
     return table[[c for c in table.columns if c not in tail] + tail]
 
 

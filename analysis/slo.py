@@ -18,7 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .glossary import percentile, percentile_never, ttfo_values
+from . import kinds
+from .batch import table_kind
+from .glossary import STEP_TABLE, percentile, percentile_never, ttfo_values
 from .steps import itl_samples, measured_masks
 
 METRICS = ("ttft", "ttfo", "tpot", "itl", "e2e")
@@ -82,21 +84,26 @@ def parse_slo(spec: str) -> list[Objective]:
     return out
 
 
-# What an embeddings request has no value of: it does not stream, so it has no first token, no token gaps.
+# What a request that does not stream has no value of: no first token, no token gaps.
 STREAMING_ONLY = ("ttft", "ttfo", "tpot", "itl")
 
 
 def check_endpoint(objectives: list[Objective], endpoint: str) -> None:
     """ValueError (one line with the fix) for an objective the endpoint's requests have no value of: ttft, ttfo,
-    tpot and itl with --endpoint embeddings (every step would fail them for "no data")."""
-    if endpoint != "embeddings":
+    tpot and itl with a kind that does not stream (every step would fail them for "no data")."""
+    kind = kinds.of(endpoint)
+    if kind.streams:
         return
     streaming = [o.name for o in objectives if o.metric in STREAMING_ONLY]
     if streaming:
         raise ValueError(
-            f"--slo {','.join(streaming)} cannot be judged with --endpoint embeddings (an embeddings request does not "
+            f"--slo {','.join(streaming)} cannot be judged with --endpoint {kind.name} (its requests do not "
             "stream: no first token, no token gaps); use e2e objectives, e.g. --slo e2e_p95=200ms,error_rate=1%"
         )
+
+
+def _num1(v: float) -> str:
+    return "-" if v is None or math.isnan(v) else f"{v:.1f}"
 
 
 def _statistic(values: np.ndarray, statistic: str) -> float:
@@ -230,10 +237,11 @@ def markdown_summary(
     rates = "rate_rps" in table.columns and len(table) > 0 and bool(table["rate_rps"].notna().all())
     verdicts = {int(p["step"]): p.get("verdict") for p in (capacity or {}).get("probes") or []}
     head = (["probe"] if probes else []) + ["users"] + (["req/s"] if rates else [])
-    # An embeddings run: its throughput is inputs/s and its latency E2E (no tokens out, no TTFT, no TPOT).
-    embeddings = "inputs_per_s" in table.columns and bool(pd.to_numeric(table["inputs_per_s"]).notna().any())
-    if embeddings:
-        head += ["requests", "errors", "inputs/s", "prompt tok/s", "E2E p50", "E2E p95"]
+    # A batch kind's run: its throughput is its items/s and its latency E2E (no tokens out, no TTFT, no TPOT).
+    batch = table_kind(table)
+    batched = batch is not None
+    if batch is not None:
+        head += ["requests", "errors", STEP_TABLE[str(batch.item_rate)].unit, "prompt tok/s", "E2E p50", "E2E p95"]
     else:
         head += ["requests", "errors", "tok/s", "TTFT p95", "TPOT p95", "E2E mean"]
     has_goodput = judged is not None and len(judged) == len(table)
@@ -253,11 +261,10 @@ def markdown_summary(
             *lead, *load, str(r.requests), str(r.errors),
             "-" if math.isnan(r.aggregate_tok_s) else f"{r.aggregate_tok_s:.1f}",
             ms(r.ttft_p95_s), ms(r.tpot_p95_s), ms(r.e2e_mean_s),
-        ] if not embeddings else [
+        ] if not batched else [
             *lead, *load, str(r.requests), str(r.errors),
-            "-" if math.isnan(r.inputs_per_s) else f"{r.inputs_per_s:.1f}",
-            "-" if math.isnan(r.prompt_tok_s) else f"{r.prompt_tok_s:.1f}",
-            ms(r.e2e_p50_s), ms(r.e2e_p95_s),
+            _num1(getattr(r, str(batch.item_rate))),
+            _num1(r.prompt_tok_s), ms(r.e2e_p50_s), ms(r.e2e_p95_s),
         ]  # fmt: skip
         if has_goodput:
             g = judged.iloc[i]

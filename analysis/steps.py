@@ -13,16 +13,17 @@ import pandas as pd
 
 from . import glossary, knee
 from .adaptive import RUN_STOPPED
-from .embeddings import (
-    EMBEDDINGS_COLUMNS,
-    embedding_spans,
-    embeddings_row,
-    is_embeddings_run,
+from .batch import (
+    BATCH_COLUMNS,
+    batch_row,
+    batch_spans,
     marked_rows,
+    run_kind,
     run_rates,
     stability,
 )
-from .embeddings import console_lines as format_embeddings
+from .batch import console_lines as format_batch
+from .batch import throughput_column as throughput_column  # re-exported: the curve's y
 from .generator import format_generator
 from .glossary import StepData, flagged, percentile  # noqa: F401 (percentile: re-exported)
 from .reasoning import REASONING_COLUMNS, reasoning_row
@@ -144,13 +145,6 @@ def interval_columns(
     return row
 
 
-def throughput_column(table: pd.DataFrame) -> str:
-    """The curve's throughput column: inputs_per_s in an embeddings run (no output tokens), else aggregate_tok_s."""
-    if "inputs_per_s" in table.columns and pd.to_numeric(table["inputs_per_s"], errors="coerce").notna().any():
-        return "inputs_per_s"
-    return "aggregate_tok_s"
-
-
 def outlier_column(table: pd.DataFrame) -> list[bool | None]:
     """Per row: an outlier of the curve (analysis.knee.outliers on throughput_column, keyed on the rate in a rate
     run); None for the first and last step by load and for a step without throughput: a step needs a neighbour on
@@ -168,7 +162,7 @@ def outlier_column(table: pd.DataFrame) -> list[bool | None]:
     ]
 
 
-# An embeddings run's output-token columns: no request has output tokens, so they are missing, not 0 tok/s.
+# A batch kind's run's output-token columns: no request has output tokens, so they are missing, not 0 tok/s.
 _NO_OUTPUT = (
     "output_tokens",
     "aggregate_tok_s",
@@ -179,12 +173,14 @@ _NO_OUTPUT = (
 )
 
 
-def _embeddings_stable(row: dict, emb_spans: tuple, window_start: float, window_end: float, ok: pd.DataFrame) -> None:
-    """An embeddings step's stability judged on inputs/s (its tok/s halves are missing), in place."""
+def _batch_stable(row: dict, kind, emb_spans: tuple, window_start: float, window_end: float, ok: pd.DataFrame) -> None:
+    """A batch kind's step's stability judged on its items/s (its tok/s halves are missing), in place."""
     e2e = pd.to_numeric(ok["e2e_s"], errors="coerce").dropna()
-    halves_ = stability(emb_spans, window_start, window_end, float(e2e.median()) if len(e2e) else math.nan)
+    halves_ = stability(emb_spans, kind, window_start, window_end, float(e2e.median()) if len(e2e) else math.nan)
     judged = (
-        halves_ is not None and not any(math.isnan(v) for v in halves_) and not pd.isna(row.get("inputs_per_s_ci_low"))
+        halves_ is not None
+        and not any(math.isnan(v) for v in halves_)
+        and not pd.isna(row.get(f"{kind.item_rate}_ci_low"))
     )
     verdict = knee.stable(*halves_) if judged else None
     row["stable"] = None if verdict is None else bool(verdict)
@@ -243,8 +239,8 @@ def step_table(records: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
     )
     # An open loop of conversations (--turns) schedules new conversations: its achieved rate counts first turns.
     starts = records["turn"].isna() | (records["turn"] == 1) if "turn" in records.columns else None
-    emb_spans = embedding_spans(records)
-    embeddings = is_embeddings_run(records)
+    emb_spans = batch_spans(records)
+    batch = run_kind(records)
     rows = []
     for step in timeline:
         s = int(step["step"])
@@ -264,13 +260,13 @@ def step_table(records: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
         row.update(open_loop_columns(sent, ok, sent_in_window, window_end - window_start, step.get("rate_rps")))
         row.update(interval_columns(ok, spans, window_start, window_end))
         row.update(reasoning_row(ok))
-        row.update(embeddings_row(ok, emb_spans, window_start, window_end))
-        if embeddings:
+        row.update(batch_row(ok, emb_spans, window_start, window_end))
+        if batch is not None:
             row.update(dict.fromkeys(_NO_OUTPUT, math.nan))
-            _embeddings_stable(row, emb_spans, window_start, window_end, ok)
+            _batch_stable(row, batch, emb_spans, window_start, window_end, ok)
         rows.append(row)
     table = pd.DataFrame(
-        rows, columns=STEP_COLUMNS + OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS + REASONING_COLUMNS + EMBEDDINGS_COLUMNS
+        rows, columns=STEP_COLUMNS + OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS + REASONING_COLUMNS + BATCH_COLUMNS
     )
     table["outlier"] = pd.Series(outlier_column(table), index=table.index, dtype=object)
     return table
@@ -294,11 +290,11 @@ def run_row(records: pd.DataFrame, timeline: list[dict]) -> dict:
     row.update(reasoning_row(ok))
     # The whole run's E2E percentiles (with intervals) over every measured request; its rates over every window,
     # without an interval (batch means assume one stationary window, and the steps differ in load).
-    emb_spans = embedding_spans(records)
+    emb_spans = batch_spans(records)
     if windows:
-        row.update(embeddings_row(ok, emb_spans, windows[0][0], windows[0][0]))
+        row.update(batch_row(ok, emb_spans, windows[0][0], windows[0][0]))
     row.update(run_rates(emb_spans, windows))
-    if is_embeddings_run(records):
+    if run_kind(records) is not None:
         row.update(dict.fromkeys(_NO_OUTPUT, math.nan))
     return row
 
@@ -334,7 +330,7 @@ def _marked(table: pd.DataFrame, rows: list[list[str]]) -> None:
 def format_table(table: pd.DataFrame) -> str:
     """The batching curve for the console: latencies in ms, throughput in tokens/s (± its 95 % interval's
     half-width), missing values as '-', a percentile with too few samples for an interval marked '~'."""
-    embeddings = format_embeddings(table)
+    batch = format_batch(table)
     rows = glossary.console_rows(table, glossary.STEP)
     _marked(table, rows)
     if "generator_bound" in table.columns and table["generator_bound"].map(flagged).any():
@@ -356,12 +352,12 @@ def format_table(table: pd.DataFrame) -> str:
         rows[0].append(probe.header)
         for row, value in zip(rows[1:], table["probe"]):
             row.append(probe.show(value))
-    # An embeddings run's batching curve has only empty streaming columns (no TTFT, TPOT, ITL, output tokens): its
-    # Embeddings table takes that place, with the same suspect-step marks after it.
-    if embeddings:
+    # A batch kind's run's batching curve has only empty streaming columns (no TTFT, TPOT, ITL, output tokens): its
+    # kind's table takes that place, with the same suspect-step marks after it.
+    if batch:
         lead = len(glossary.SECTIONS[glossary.STEP].shown())
         marks = [row[lead:] for row in rows]
-        out = [embeddings[0], *glossary.aligned([e + m for e, m in zip(marked_rows(table), marks)])]
+        out = [batch[0], *glossary.aligned([e + m for e, m in zip(marked_rows(table), marks)])]
     else:
         out = [glossary.SECTIONS[glossary.STEP].title, *glossary.aligned(rows)]
     if "kv_cache_usage_max" in table.columns and table["kv_cache_usage_max"].notna().any():

@@ -7,7 +7,7 @@ Each one is settable on the command line, in `locust.conf`, in `pyproject.toml [
 
 from __future__ import annotations
 
-from ..analysis import capacity, servers
+from ..analysis import capacity, kinds, servers
 from ..analysis.adaptive import DEFAULT_CI_TARGET, DEFAULT_MAX_STEP_DURATION
 from ..analysis.schedule import ARRIVALS, DEFAULT_ARRIVAL
 
@@ -15,7 +15,7 @@ DEFAULT_PROMPT = "Explica en detalle cómo funciona la fotosíntesis."
 DEFAULT_STEPS = "1,2,4,8,16,32,64"
 DEFAULT_STEP_DURATION = "30s"
 DEFAULT_MAX_USERS = 1000
-ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "embeddings": "/v1/embeddings"}
+ENDPOINTS = kinds.paths()  # --endpoint's choices: the request kinds (analysis/kinds.py)
 
 
 def one_line_error(message: str) -> None:

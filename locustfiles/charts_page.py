@@ -92,21 +92,22 @@ function stepDashes(steps, key, elapsed, few) {
   return {x, y};
 }
 
-// An embeddings run (a step with inputs/s): no tokens out, no TTFT, no TPOT; inputs/s and E2E are drawn instead.
-function isEmbeddings(d) {
-  return d.steps.some(s => s.inputs_per_s !== undefined && s.inputs_per_s !== null);
+// A batch kind's run (e.g. embeddings: d.items names it): no tokens out, no TTFT, no TPOT; its items/s and E2E
+// are drawn instead.
+function isBatch(d) {
+  return d.items !== undefined && d.items !== null;
 }
 
 function drawTok(d) {
-  const emb = isEmbeddings(d);
-  const steps = d.steps.map(s => emb ? Object.assign({}, s, {aggregate_tok_s: s.inputs_per_s,
-                                                              ci_low: s.inputs_ci_low, ci_high: s.inputs_ci_high}) : s);
-  const unit = emb ? "inputs/s" : "tok/s";
+  const emb = isBatch(d);
+  const steps = d.steps.map(s => emb ? Object.assign({}, s, {aggregate_tok_s: s.items_per_s,
+                                                              ci_low: s.items_ci_low, ci_high: s.items_ci_high}) : s);
+  const unit = emb ? d.items.unit : "tok/s";
   const x = steps.map(s => "step " + s.step + ": " + stepLabel(s));
   const y = steps.map(s => s.aggregate_tok_s);
   const withCi = steps.map(s => s.ci_low !== null && s.ci_high !== null && s.aggregate_tok_s !== null);
   const trace = {
-    type: "scatter", mode: "lines+markers", name: emb ? "inputs/s" : "aggregate tok/s", x, y,
+    type: "scatter", mode: "lines+markers", name: emb ? d.items.unit : "aggregate tok/s", x, y,
     line: {color: "#1e88e5"},
     marker: {size: 11,
              color: steps.map(s => s.suspect ? "#e53935" : "#1e88e5"),
@@ -125,10 +126,10 @@ function drawTok(d) {
     x: "step " + s.step + ": " + stepLabel(s), y: s.aggregate_tok_s, text: s.suspect_why.join(", "),
     showarrow: true, arrowhead: 0, ay: -28, font: {size: 11, color: "#c62828"}}));
   Plotly.react("tok", [trace], {
-    title: {text: (emb ? "Inputs/s" : "Aggregate tok/s") + " per step" + (d.has_ci ? " (95 % interval)" : ""),
+    title: {text: (emb ? d.items.label : "Aggregate tok/s") + " per step" + (d.has_ci ? " (95 % interval)" : ""),
             font: {size: 15}},
     margin: MARGIN, xaxis: {type: "category", title: {text: "step"}},
-    yaxis: {title: {text: emb ? "inputs/s" : "tokens/s"}, rangemode: "tozero"}, showlegend: false, annotations,
+    yaxis: {title: {text: emb ? d.items.unit : "tokens/s"}, rangemode: "tozero"}, showlegend: false, annotations,
   }, CONFIG);
 }
 
@@ -195,9 +196,9 @@ function draw(d) {
   setText("notes", notes.join(" "));
   drawTok(d);
   drawServer(d);
-  if (isEmbeddings(d) && d.latency.e2e_p95_s !== undefined) {
-    drawLatency("ttft", d, "e2e_p95_s", "E2E p95 over time (embeddings: send to the body's last byte)");
-    drawLatency("tpot", d, "tpot_p95_s", "TPOT p95 over time (does not apply: embeddings do not stream)");
+  if (isBatch(d) && d.latency.e2e_p95_s !== undefined) {
+    drawLatency("ttft", d, "e2e_p95_s", "E2E p95 over time (" + d.items.kind + ": send to the body's last byte)");
+    drawLatency("tpot", d, "tpot_p95_s", "TPOT p95 over time (does not apply: " + d.items.kind + " does not stream)");
   } else {
     drawLatency("ttft", d, "ttft_p95_s", "TTFT p95 over time");
     drawLatency("tpot", d, "tpot_p95_s", "TPOT p95 over time");

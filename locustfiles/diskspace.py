@@ -23,6 +23,7 @@ from pathlib import Path
 
 import gevent
 
+from ..analysis import kinds
 from ..analysis.diskio import fill_forecast, free_bytes, record_bytes, size_text
 from ..analysis.schedule import parse_rates
 from . import options as opts_mod
@@ -54,8 +55,8 @@ def planned_seconds(options) -> float | None:
 
 def expected_output_tokens(options) -> float:
     """The mean output length the options ask for: --max-tokens, or --max-tokens-dist's mean (a uniform's middle, a
-    normal's mean); 0 for embeddings (no per-token lists in their records)."""
-    if getattr(options, "endpoint", "") == "embeddings":
+    normal's mean); 0 for a kind that does not stream (no per-token lists in its records)."""
+    if not kinds.of(getattr(options, "endpoint", "")).streams:
         return 0.0
     dist = str(getattr(options, "max_tokens_dist", "") or "").strip().lower()
     kind, _, rest = dist.partition(":")

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from locust.util.timespan import parse_timespan
 
-from ..analysis import capacity, servers
+from ..analysis import capacity, kinds, servers
 from ..analysis.adaptive import AUTO, DEFAULT_CI_TARGET, DEFAULT_MAX_STEP_DURATION, parse_ci_target
 from ..analysis.run import parse_rate
 from ..analysis.schedule import DEFAULT_ARRIVAL, GAMMA, check_burstiness, parse_rates
@@ -217,43 +217,31 @@ def parse_images(text: str) -> ImageSpec | None:
 
 
 def check_request_kind(options: argparse.Namespace) -> None:
-    """--batch-size, --encoding-format (embeddings), --images, --image-reuse, --image-format (chat): each only where
-    it applies, and an embeddings run only with the options that apply to a request that does not stream."""
-    endpoint = getattr(options, "endpoint", "completions")
-    batch = getattr(options, "batch_size", 1)
-    if batch < 1:
-        raise ValueError(f"--batch-size {batch} must be at least 1 (inputs per embeddings request)")
+    """Each kind's own options (analysis/kinds.py: --batch-size, --encoding-format ...) only with that kind, --images
+    and its companions only with a kind of chat messages, and a kind that does not stream only with the options that
+    apply to a request that does not stream."""
+    kind = kinds.of(getattr(options, "endpoint", kinds.DEFAULT))
+    for other in kinds.KINDS.values():
+        for attribute, flag, minimum, what in other.minimums:
+            value = getattr(options, attribute, minimum)
+            if value < minimum:
+                raise ValueError(f"{flag} {value} must be at least {minimum} ({what})")
     images = parse_images(getattr(options, "images", ""))
-    if endpoint == "embeddings":
-        # Each of these shapes a streamed generation, which an embeddings request does not have: refused rather
-        # than ignored, so a run measures what its options say.
-        refused = [
-            ("--images", bool(images)),
-            ("--ignore-eos", bool(getattr(options, "ignore_eos", False))),
-            ("--max-tokens-dist", bool(getattr(options, "max_tokens_dist", ""))),
-            ("--turns", str(getattr(options, "turns", "1")).strip() != "1"),
-            ("--trace", bool(getattr(options, "trace", ""))),
-            ("--chat-template-kwargs", bool(getattr(options, "chat_template_kwargs", ""))),
-            ("--tools", bool(getattr(options, "tools", ""))),
-            ("--tool-choice", bool(getattr(options, "tool_choice", ""))),
-            ("--step-duration auto", parse_step_duration(options.step_duration) is None),
-            ("--find-capacity", bool(getattr(options, "find_capacity", ""))),
-        ]
-        for flag, given in refused:
-            if given:
-                raise ValueError(
-                    f"{flag} does not apply to --endpoint embeddings (a request that does not stream or generate); "
-                    f"drop {flag}"
-                )
+    if not kind.streams:
+        _refuse_streaming_options(options, kind, images)
+    for other in kinds.KINDS.values():
+        for attribute, flag, default in () if other is kind else other.own_options:
+            value = getattr(options, attribute, default)
+            if value != default:
+                shown = f"{flag} {value}" if isinstance(default, int) else flag
+                raise ValueError(f"{shown} only applies to --endpoint {other.name}; add it or drop {flag}")
+    if not kind.streams:
         return
-    if batch != 1:
-        raise ValueError(f"--batch-size {batch} only applies to --endpoint embeddings; add it or drop --batch-size")
-    if getattr(options, "encoding_format", "float") != "float":
-        raise ValueError("--encoding-format only applies to --endpoint embeddings; add it or drop --encoding-format")
-    if images is not None and endpoint != "chat":
+    if images is not None and not kind.chat:
+        chat = next(k.name for k in kinds.KINDS.values() if k.chat)
         raise ValueError(
-            f"--images only applies to --endpoint chat (images are chat content parts; this run's endpoint is "
-            f"{endpoint}); add --endpoint chat or drop --images"
+            f"--images only applies to --endpoint {chat} (images are chat content parts; this run's endpoint is "
+            f"{kind.name}); add --endpoint {chat} or drop --images"
         )
     if images is None:
         for flag, given in (
@@ -262,6 +250,29 @@ def check_request_kind(options: argparse.Namespace) -> None:
         ):
             if given:
                 raise ValueError(f"{flag} only applies with --images; add e.g. --images 1:512x512 or drop {flag}")
+
+
+def _refuse_streaming_options(options: argparse.Namespace, kind: kinds.RequestKind, images) -> None:
+    """Each of these shapes a streamed generation, which a request of `kind` does not have: refused rather than
+    ignored, so a run measures what its options say."""
+    refused = [
+        ("--images", bool(images)),
+        ("--ignore-eos", bool(getattr(options, "ignore_eos", False))),
+        ("--max-tokens-dist", bool(getattr(options, "max_tokens_dist", ""))),
+        ("--turns", str(getattr(options, "turns", "1")).strip() != "1"),
+        ("--trace", bool(getattr(options, "trace", ""))),
+        ("--chat-template-kwargs", bool(getattr(options, "chat_template_kwargs", ""))),
+        ("--tools", bool(getattr(options, "tools", ""))),
+        ("--tool-choice", bool(getattr(options, "tool_choice", ""))),
+        ("--step-duration auto", parse_step_duration(options.step_duration) is None),
+        ("--find-capacity", bool(getattr(options, "find_capacity", ""))),
+    ]
+    for flag, given in refused:
+        if given:
+            raise ValueError(
+                f"{flag} does not apply to --endpoint {kind.name} (a request that does not stream or generate); "
+                f"drop {flag}"
+            )
 
 
 def check_arrival(options: argparse.Namespace) -> None:

@@ -15,9 +15,8 @@ import gevent
 from geventhttpclient import HTTPClient
 from geventhttpclient.url import URL
 
-from ..analysis import error_body, servers
+from ..analysis import error_body, kinds, servers
 from ..analysis.diskio import remove_quietly
-from ..analysis.embedding_response import parse_embeddings
 from ..analysis.prometheus_text import scrape_timeout_s
 from . import options as opts_mod
 from . import request_options, trace_run
@@ -157,8 +156,8 @@ def preflight(options, built: Built | None = None) -> Built:
         raise SetupError(f"{options.host}/v1/models lists no model; pass --model explicitly")
     model = options.model or models[0]
     resolve_server(options)  # before the dataset: the tokenizer endpoint is the profile's
-    if getattr(options, "endpoint", "") == "embeddings":
-        check_embeddings(options, model)
+    if not kinds.of(getattr(options, "endpoint", "")).streams:
+        check_fetched_kind(options, model)
     built = built or Built()
     built.gpu_unanswered = check_gpu_endpoints(options)
     key = dataset_key(options, options.host, model)
@@ -175,43 +174,47 @@ def preflight(options, built: Built | None = None) -> Built:
     return built
 
 
-def check_embeddings(options, model: str) -> None:
-    """--endpoint embeddings: one request of one short input must answer 200 with one embedding. A server whose model
-    does not embed has no such endpoint (vLLM 0.32 adds the route only for a model with the embed task: 404 for a
-    generation model); without this check every request of the run would fail the same way."""
+def check_fetched_kind(options, model: str) -> None:
+    """A kind that does not stream (e.g. embeddings): one small request must answer 200 and keep the kind's
+    contract. A server whose model does not serve the kind has no such endpoint (vLLM 0.32 adds the embeddings route
+    only for a model with the embed task: 404 for a generation model); without this check every request of the run
+    would fail the same way."""
+    from .kinds import requester
+
+    kind = kinds.of(options.endpoint)
+    cls = requester(kind.name)
     host = options.host.rstrip("/")
     base = URL(options.host)
+    path = base.path.rstrip("/") + kinds.path_of(kind, options)
+    url = f"{host}{kinds.path_of(kind, options)}"
     headers = {"Content-Type": "application/json", "Accept": "application/json", "Accept-Encoding": "identity"}
     key = opts_mod.api_key(options)
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    payload: dict = {"model": model, "input": ["hello"], "encoding_format": options.encoding_format}
-    extra = request_options.fields(options).extra_body
-    if extra:  # the run's own fields (dimensions, ...): a server refusing them refuses every request
-        request_options.merge(payload, extra)
+    payload, check = cls.probe(options, model)  # the run's own fields too: a server refusing them refuses every one
     timeout = min(60.0, float(options.read_timeout))
     try:
         client = HTTPClient.from_url(base, connection_timeout=min(10.0, timeout), network_timeout=timeout)
         try:
-            response = client.post(base.path.rstrip("/") + "/v1/embeddings", body=json.dumps(payload), headers=headers)
+            response = client.post(path, body=json.dumps(payload), headers=headers)
             body = response.read()
         finally:
             client.close()
     except Exception as e:  # any failure here is reported as one line
         raise SetupError(
-            f"--endpoint embeddings: {host}/v1/embeddings did not answer ({type(e).__name__}: {e}); check --host"
+            f"--endpoint {kind.name}: {url} did not answer ({type(e).__name__}: {e}); check --host"
         ) from None
     if response.status_code != 200:
+        others = " or ".join(k for k in kinds.KINDS if kinds.KINDS[k].streams)
         raise SetupError(
-            f"--endpoint embeddings: {host}/v1/embeddings answered HTTP {response.status_code} for model {model!r} "
-            f"({error_body.message_from_body(body)}); serve an embedding model (vLLM: vllm serve MODEL --runner "
-            "pooling) or use --endpoint completions or chat"
+            f"--endpoint {kind.name}: {url} answered HTTP {response.status_code} for model {model!r} "
+            f"({error_body.message_from_body(body)}); {cls.serve_hint} or use --endpoint {others}"
         )
-    answer = parse_embeddings(body, 1, options.encoding_format)
-    if answer.error is not None:
+    breach = check(body)
+    if breach is not None:
         raise SetupError(
-            f"--endpoint embeddings: {host}/v1/embeddings answered a body that is not an embeddings list "
-            f"({answer.error}); point --host at an OpenAI-compatible embeddings server"
+            f"--endpoint {kind.name}: {url} answered a body that is not {cls.answer_noun} ({breach}); point --host at "
+            f"an OpenAI-compatible {kind.name} server"
         )
 
 

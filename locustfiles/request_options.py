@@ -1,5 +1,5 @@
 """The request options: --chat-template-kwargs, --tools, --tool-choice and --extra-body, checked before any load and
-turned into the fields every request body carries (openai_user.build_payload).
+turned into the fields every request body carries (kinds.build_payload).
 
 Each option arrives as text (the command line, a config file, a LOCUST_* variable or the web UI's start form all
 hand over the same string), is parsed once per process and text, and is refused with one line naming the option,

@@ -644,6 +644,12 @@ class Handler(socketserver.StreamRequestHandler):
         if fault and fault.startswith("http_"):
             code = int(fault[5:])
             return self.send_json(code, {"error": {"message": f"injected {fault}", "type": "Injected", "code": code}})
+        return self._in_slot(lambda t_admit: self._embed(request_id, inputs, fmt, fault, t_recv, t_admit), t_recv)
+
+    def _in_slot(self, answer, t_recv: float) -> bool:
+        """Run `answer(t_admit)` holding one of --max-running slots (waiting for one first), as a batch limit does."""
+        cfg: Config = self.server.config
+        state: State = self.server.state
         limit = cfg.max_running
         with state.lock:
             if limit:
@@ -653,8 +659,7 @@ class Handler(socketserver.StreamRequestHandler):
                 state.waiting -= 1
             state.running += 1
         try:
-            t_admit = time.perf_counter() if limit else t_recv
-            return self._embed(request_id, inputs, fmt, fault, t_recv, t_admit)
+            return answer(time.perf_counter() if limit else t_recv)
         finally:
             with state.lock:
                 state.running -= 1
@@ -662,7 +667,6 @@ class Handler(socketserver.StreamRequestHandler):
 
     def _embed(self, request_id: str, inputs: list, fmt: str, fault: str | None, t_recv: float, t_admit: float) -> bool:
         cfg: Config = self.server.config
-        state: State = self.server.state
         counts = [len(x) if isinstance(x, list) else count_tokens(x) for x in inputs]
         prompt_tokens = sum(counts)
         dim = cfg.embed_dim
@@ -683,9 +687,25 @@ class Handler(socketserver.StreamRequestHandler):
             f'{{"id":"embd-{request_id}","object":"list","created":{int(time.time())},"model":{json.dumps(cfg.model)},'
             f'"data":[{",".join(items)}]' + ("" if fault == "no_usage" else f',"usage":{usage}') + "}"
         ).encode()
+        truth = {
+            "endpoint": "embeddings", "inputs": len(inputs), "input_tokens": counts,
+            "input_hashes": [hashlib.sha1(json.dumps(x).encode()).hexdigest()[:12] for x in inputs],
+            "prompt_tokens": prompt_tokens, "encoding_format": fmt, "dim": dim,
+        }  # fmt: skip
+        return self._send_pooled(request_id, page, len(inputs), prompt_tokens, fault, t_recv, t_admit, truth)
+
+    def _send_pooled(
+        self, request_id: str, page: bytes, items: int, prompt_tokens: int, fault: str | None, t_recv: float,
+        t_admit: float, truth: dict,
+    ) -> bool:  # fmt: skip
+        """A pooling answer (embeddings): sent --embed-ms (+ --embed-per-input-ms per item) after its
+        admission, whole with its content-length, the faults applied; counted as vLLM counts it (each item one
+        finished engine request, its prompt tokens)."""
+        cfg: Config = self.server.config
+        state: State = self.server.state
         head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(page)
         queued = cfg.queue_s if fault == "queue" else 0.0
-        delay = t_admit + queued + cfg.embed_s + cfg.embed_per_input_s * len(inputs) - time.perf_counter()
+        delay = t_admit + queued + cfg.embed_s + cfg.embed_per_input_s * items - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
         try:
@@ -712,16 +732,10 @@ class Handler(socketserver.StreamRequestHandler):
         with state.lock:
             state.ok += 1
             state.embed_ok += 1
-            state.inputs += len(inputs)
+            state.inputs += items
             state.prompt_tokens += prompt_tokens
             state.truth[request_id] = {
-                "endpoint": "embeddings",
-                "inputs": len(inputs),
-                "input_tokens": counts,
-                "input_hashes": [hashlib.sha1(json.dumps(x).encode()).hexdigest()[:12] for x in inputs],
-                "prompt_tokens": prompt_tokens,
-                "encoding_format": fmt,
-                "dim": dim,
+                **truth,
                 "body_bytes": len(page),
                 "fault": fault,
                 "admitted_s": t_admit - t_recv,

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from vllm_loadtest.analysis import glossary as g
-from vllm_loadtest.analysis.embeddings import EMBEDDINGS_COLUMNS, console_lines, embedding_spans, embeddings_row
+from vllm_loadtest.analysis.batch import BATCH_COLUMNS, EMBEDDINGS_COLUMNS, batch_row, batch_spans, console_lines
 from vllm_loadtest.analysis.finish import finish_run
 from vllm_loadtest.analysis.gpu import GPU_COLUMNS
 from vllm_loadtest.analysis.records import RecordWriter, RequestRecord
@@ -123,7 +123,7 @@ def truth_inputs_per_s(users: int) -> float:
 def test_steps_csv_ends_with_the_embeddings_section_in_the_contracts_order(finished):
     outcome, _ = finished
     csv = pd.read_csv(outcome.run_dir / "steps.csv")
-    tail = EMBEDDINGS_COLUMNS + GPU_COLUMNS  # issue 20's GPU section after it
+    tail = BATCH_COLUMNS + GPU_COLUMNS  # issue 20's GPU section after it
     assert list(csv.columns[-len(tail) :]) == tail
     assert EMBEDDINGS_COLUMNS[:15] == [
         "inputs_per_s", "prompt_tok_s", "e2e_p50_s", "e2e_p95_s", "e2e_p99_s",
@@ -264,10 +264,10 @@ def test_the_report_plots_inputs_per_s_and_has_no_ttft_charts(finished):
 def test_embeddings_row_missing_without_inputs_and_without_a_window():
     ok = pd.DataFrame({"e2e_s": [0.1] * 30, "status": ["ok"] * 30})
     records = ok.assign(start_time=np.arange(30.0), inputs=None, prompt_tokens=None)
-    row = embeddings_row(ok, embedding_spans(records), 0.0, 30.0)
+    row = batch_row(ok, batch_spans(records), 0.0, 30.0)
     assert math.isnan(row["inputs_per_s"]) and math.isnan(row["prompt_tok_s"])
     assert row["e2e_p50_s"] == pytest.approx(0.1)
-    assert math.isnan(embeddings_row(ok, embedding_spans(records.assign(inputs=2)), 5.0, 5.0)["inputs_per_s"])
+    assert math.isnan(batch_row(ok, batch_spans(records.assign(inputs=2)), 5.0, 5.0)["inputs_per_s"])
 
 
 @pytest.mark.parametrize("objective", ["ttft_p95=500ms", "ttfo_p50=1s", "tpot_p95=50ms", "itl_p99=20ms"])
@@ -323,12 +323,12 @@ def test_the_live_view_shows_inputs_per_s_prompt_tok_s_and_e2e_p95(tmp_path):
 
 
 def test_two_embeddings_runs_are_compared_on_inputs_per_s_prompt_tok_s_and_e2e_p95(tmp_path):
-    from vllm_loadtest.analysis.compare import EMBEDDINGS_METRICS, compare_runs
+    from vllm_loadtest.analysis.compare import compare_runs
 
     base = finish_run(write_embeddings_run(tmp_path / "a", (1, 4))).table
     slower = finish_run(write_embeddings_run(tmp_path / "b", (1, 4), slow={4: 1.3}, seed=5)).table
     c = compare_runs(slower, base, "b", "a")
-    assert c.metrics == EMBEDDINGS_METRICS
+    assert c.metrics == (("inputs_per_s", "inputs/s"), ("prompt_tok_s", "prompt tok/s"), ("e2e_p95_s", "E2E p95"))
     at1, at4 = c.steps
     assert all(d.significant is False for d in at1.differences[:2])  # the same server at 1 user: within the noise
     inputs = at4.differences[0]
@@ -343,9 +343,10 @@ def test_the_live_charts_data_carry_inputs_per_s_and_e2e_p95_over_time(tmp_path)
     outcome = finish_run(run_dir)
     timeline = outcome.run["timeline"]
     data = live_charts.chart_data(outcome.table, timeline, outcome.records, None, T0 + 60.0, "stopped")
+    assert data["items"] == {"kind": "embeddings", "unit": "inputs/s", "label": "Inputs/s"}  # the page's labels
     for point, (_, row) in zip(data["steps"], outcome.table.iterrows()):
-        assert point["inputs_per_s"] == pytest.approx(row["inputs_per_s"])
-        assert point["inputs_ci_low"] == pytest.approx(row["inputs_per_s_ci_low"])
+        assert point["items_per_s"] == pytest.approx(row["inputs_per_s"])
+        assert point["items_ci_low"] == pytest.approx(row["inputs_per_s_ci_low"])
         assert point["e2e_p95_s"] == pytest.approx(row["e2e_p95_s"])
         assert point["aggregate_tok_s"] is None  # missing, not 0
     e2e = [v for v in data["latency"]["e2e_p95_s"] if v is not None]

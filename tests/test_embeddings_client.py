@@ -15,8 +15,10 @@ import pandas as pd
 import pytest
 from geventhttpclient.url import URL
 from vllm_loadtest.analysis.records import load_records
-from vllm_loadtest.locustfiles import openai_user
-from vllm_loadtest.locustfiles.openai_user import OpenAIStreamingUser, embedding_text, embeddings_payload
+from vllm_loadtest.locustfiles.kinds import fetched
+from vllm_loadtest.locustfiles.kinds.embeddings import embeddings_payload
+from vllm_loadtest.locustfiles.kinds.fetched import item_text as embedding_text
+from vllm_loadtest.locustfiles.openai_user import OpenAIStreamingUser
 from vllm_loadtest.locustfiles.stream_client import StreamClient
 
 from tests.helpers.inprocess import parse_options, run_in_process
@@ -218,7 +220,7 @@ def test_base64_vectors_are_read(fake_server, tmp_path):
 
 def test_bodies_serialized_per_request_carry_the_same_batches(fake_server, tmp_path, monkeypatch):
     # Too much text to prepare (the limit set to 0 bytes): each body is serialized before its send instead.
-    monkeypatch.setattr(openai_user, "EMBED_PREPARED_BYTES", 0)
+    monkeypatch.setattr(fetched, "PREPARED_BYTES", 0)
     server = fake_server("--embed-ms", "2")
     records = run(server, tmp_path, "--batch-size", "4", users=2, seconds=2)
     ok = records[records["status"] == "ok"]

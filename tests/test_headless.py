@@ -10,7 +10,7 @@ import urllib.request
 import pandas as pd
 import pytest
 from vllm_loadtest.analysis.adaptive import STEP_END_COLUMNS
-from vllm_loadtest.analysis.embeddings import EMBEDDINGS_COLUMNS
+from vllm_loadtest.analysis.batch import BATCH_COLUMNS
 from vllm_loadtest.analysis.generator import GENERATOR_COLUMNS
 from vllm_loadtest.analysis.gpu import GPU_COLUMNS
 from vllm_loadtest.analysis.reasoning import REASONING_COLUMNS
@@ -58,7 +58,7 @@ def test_stepped_headless_run_writes_records_and_the_step_table(fake_server, tmp
         + SERVER_BOUND_COLUMNS
         + STEP_END_COLUMNS
         + REASONING_COLUMNS
-        + EMBEDDINGS_COLUMNS
+        + BATCH_COLUMNS
         + GPU_COLUMNS
     )
     assert set(steps["end_reason"]) == {"fixed"}

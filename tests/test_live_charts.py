@@ -119,8 +119,9 @@ def test_chart_data_shape_with_missing_values_as_null(tmp_path):
         }
     )
     data = json.loads(to_json(chart_data(table, TIMELINE, records(), tail, T0 + 29, "running", "m")))
-    assert set(data) == {"version", "state", "model", "started_at", "elapsed_s", "has_ci", "has_flags", "steps",
-                         "latency", "server"}  # fmt: skip
+    assert set(data) == {"version", "state", "model", "started_at", "elapsed_s", "has_ci", "has_flags", "items",
+                         "steps", "latency", "server"}  # fmt: skip
+    assert data["items"] is None  # a streamed kind's run: its curve is tok/s
     assert data["state"] == "running" and data["model"] == "m" and data["elapsed_s"] == 29
     assert not data["has_ci"] and not data["has_flags"]
     first, _, last = data["steps"]

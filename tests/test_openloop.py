@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from vllm_loadtest.analysis import glossary
+from vllm_loadtest.analysis.batch import BATCH_COLUMNS
 from vllm_loadtest.analysis.diagnosis import diagnose
-from vllm_loadtest.analysis.embeddings import EMBEDDINGS_COLUMNS
 from vllm_loadtest.analysis.reasoning import REASONING_COLUMNS
 from vllm_loadtest.analysis.schedule import (
     OPEN_LOOP_COLUMNS,
@@ -169,7 +169,7 @@ def open_loop_records():
 def test_step_table_reports_lag_intended_latencies_and_rates():
     t = step_table(open_loop_records(), TIMELINE).set_index("step")
     # The open-loop columns, then the intervals and suspect-step checks (added later: steps.csv only gains at its end).
-    tail = OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS + REASONING_COLUMNS + EMBEDDINGS_COLUMNS
+    tail = OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS + REASONING_COLUMNS + BATCH_COLUMNS
     assert list(t.reset_index().columns[-len(tail) :]) == tail
     assert list(t["rate_rps"]) == [2.0, 4.0]
     assert t.loc[0, "achieved_rps"] == pytest.approx(20 / 10)

@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from vllm_loadtest.analysis import glossary as g
+from vllm_loadtest.analysis.batch import BATCH_COLUMNS
 from vllm_loadtest.analysis.capacity import FAIL, PASS, UNCERTAIN, check, objective_interval
-from vllm_loadtest.analysis.embeddings import EMBEDDINGS_COLUMNS
 from vllm_loadtest.analysis.gpu import GPU_COLUMNS
 from vllm_loadtest.analysis.reasoning import REASONING_COLUMNS, console_lines, reasoning_row, shown
 from vllm_loadtest.analysis.report import TTFT_TTFO, reasoning_html
@@ -261,7 +261,7 @@ def test_the_reasoning_columns_with_known_values():
     assert row["ttfo_p50_s_ci_low"] < 0.495 < row["ttfo_p50_s_ci_high"] < math.inf
     assert math.isnan(row["ttfo_p95_s_ci_low"])  # 40 < 200 samples: no interval for p95
     # The reasoning section, then issue 19's embeddings section, last.
-    tail = REASONING_COLUMNS + EMBEDDINGS_COLUMNS
+    tail = REASONING_COLUMNS + BATCH_COLUMNS
     assert list(table.columns[-len(tail) :]) == tail
     # steps.csv: the reasoning section after every earlier one, why each step ended included.
     full = compute_table(pd.DataFrame(rows), TIMELINE, None, None)

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from vllm_loadtest.analysis import glossary
-from vllm_loadtest.analysis.embeddings import EMBEDDINGS_COLUMNS
+from vllm_loadtest.analysis.batch import BATCH_COLUMNS
 from vllm_loadtest.analysis.reasoning import REASONING_COLUMNS
 from vllm_loadtest.analysis.steps import FEW_MARK, UNCERTAINTY_COLUMNS, format_table, outlier_column, step_table
 from vllm_loadtest.analysis.uncertainty import batch_count, batch_means, quantile_interval, rate_interval, t_interval
@@ -53,7 +53,7 @@ def test_every_interval_is_the_uncertainty_modules_on_the_steps_raw_values():
     records = frame(closed_loop(0, 4, 0.0, 20.0))
     t = step_table(records, timeline(4))
     row = t.iloc[0]
-    tail = UNCERTAINTY_COLUMNS + REASONING_COLUMNS + EMBEDDINGS_COLUMNS
+    tail = UNCERTAINTY_COLUMNS + REASONING_COLUMNS + BATCH_COLUMNS
     assert list(t.columns[-len(tail) :]) == tail
     measured = records[~records["warmup"] & (records["start_time"] + records["duration_s"] <= 20.0)]  # not cut off
     end = records["start_time"] + records["e2e_s"]

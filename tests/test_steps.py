@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from vllm_loadtest.analysis.embeddings import EMBEDDINGS_COLUMNS
+from vllm_loadtest.analysis.batch import BATCH_COLUMNS
 from vllm_loadtest.analysis.reasoning import REASONING_COLUMNS
 from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS
 from vllm_loadtest.analysis.steps import STEP_COLUMNS, UNCERTAINTY_COLUMNS, format_table, percentile, step_table
@@ -30,7 +30,7 @@ def test_step_table_excludes_warmup_and_counts_window_tokens():
         rec(5, 1, 2, 13.5, 0.5, 21, 0.01),
     ]
     t = step_table(frame(rows), TIMELINE)
-    tail = UNCERTAINTY_COLUMNS + REASONING_COLUMNS + EMBEDDINGS_COLUMNS  # each issue's section appended
+    tail = UNCERTAINTY_COLUMNS + REASONING_COLUMNS + BATCH_COLUMNS  # each issue's section appended
     assert list(t.columns) == STEP_COLUMNS + OPEN_LOOP_COLUMNS + tail
     s0, s1 = t.iloc[0], t.iloc[1]
     assert (s0.requests, s0.errors, s0.cut_off) == (2, 1, 0)

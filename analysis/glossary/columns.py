@@ -503,9 +503,11 @@ _E2E_ORDER_STATS = (
 _COMPLETED = "the ok requests (any step) that completed inside the step's measured window"
 
 
-def _emb_ci(name: str, label: str, unit: str, fmt: str, how: str, metric: str) -> list[Column]:
-    """The <name>_ci_low and <name>_ci_high columns of an embeddings step value."""
-    return [Column(f"{name}_ci_{end}", EMBEDDINGS, unit, f"{word} bound of the {CI} of {name}.", how,
+def _emb_ci(
+    name: str, label: str, unit: str, fmt: str, how: str, metric: str, section: str = EMBEDDINGS
+) -> list[Column]:
+    """The <name>_ci_low and <name>_ci_high columns of a step value of a kind that does not stream."""
+    return [Column(f"{name}_ci_{end}", section, unit, f"{word} bound of the {CI} of {name}.", how,
                    label=f"{label} CI {end}", fmt=fmt, metric=metric)
             for end, word in (("low", "Lower"), ("high", "Upper"))]  # fmt: skip
 

@@ -79,7 +79,7 @@ _DOCS_SECTIONS = [
      "no_answer_requests; leaving it out would make the percentiles read better than the requests did."),
     (EMBEDDINGS, "steps.csv: embeddings", "Embeddings runs (`--endpoint embeddings`, "
      "[embeddings-images.md](embeddings-images.md#embeddings-the-results)), last in steps.csv "
-     "(`analysis/embeddings.py`). An embeddings request does not stream: its throughput is inputs and prompt tokens "
+     "(`analysis/batch.py`). An embeddings request does not stream: its throughput is inputs and prompt tokens "
      "per second, counted when the request completes inside the step's window, with batch-means intervals as "
      "aggregate tok/s's; its latency is E2E, from the send stamp to the body's last byte, with order-statistic "
      "intervals as TTFT's. Written for every run: inputs_per_s is empty outside an embeddings run, prompt_tok_s is "

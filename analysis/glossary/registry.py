@@ -44,7 +44,7 @@ _REQUEST_COLUMNS = [
     Column("users", REQUESTS, "users", "Its step's target users, all processes together.", live=True),
     Column("warmup", REQUESTS, "bool", "Sent during its step's warm-up (--step-warmup): not measured.", live=True),
     Column("start_time", REQUESTS, "s", "Unix time of the send stamp (the request's bytes written).", live=True),
-    Column("endpoint", REQUESTS, "text", "The API it called: completions, chat or embeddings."),
+    Column("endpoint", REQUESTS, "text", "The API it called (--endpoint): completions, chat or embeddings."),
     Column("model", REQUESTS, "text", "The model it asked for."),
     Column("status", REQUESTS, "text", "ok or error.", live=True),
     Column("error_type", REQUESTS, "text", "The failure's category (e.g. timeout, connection_error, stream_error; "
@@ -226,7 +226,19 @@ STEP_TABLE: dict[str, Column] = {
     c.name: c
     for c in COLUMNS.values()
     if c.section
-    in (STEP, SERVER, GENERATOR, OPEN_LOOP, UNCERTAINTY, SERVER_BOUNDS, STEP_END, REASONING, EMBEDDINGS, GPU, LIVE)
+    in (
+        STEP,
+        SERVER,
+        GENERATOR,
+        OPEN_LOOP,
+        UNCERTAINTY,
+        SERVER_BOUNDS,
+        STEP_END,
+        REASONING,
+        EMBEDDINGS,
+        GPU,
+        LIVE,
+    )
 }
 
 # The web UI's LLM tab, in the order shown.

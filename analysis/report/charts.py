@@ -11,7 +11,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .. import glossary
 from ..generator import flagged
+from ..kinds import RequestKind
 from ..reasoning import shown as reasoning_shown
 from ..schedule import is_rate_run
 from ..steps import unstable
@@ -100,14 +102,16 @@ def batching_curve(tables: dict[str, pd.DataFrame]) -> go.Figure:
     return fig
 
 
-def embeddings_curve(tables: dict[str, pd.DataFrame]) -> go.Figure:
-    """An embeddings run's batching curve: inputs/s per step with its 95 % interval (suspect steps as open markers),
-    and E2E p50/p95 with theirs on the second axis (an embeddings request has no tokens out, no TTFT, no TPOT)."""
+def batch_curve(tables: dict[str, pd.DataFrame], kind: RequestKind) -> go.Figure:
+    """A batch kind's batching curve (analysis/kinds.py): its items/s per step with its 95 % interval (suspect steps
+    as open markers), and E2E p50/p95 with theirs on the second axis (no tokens out, no TTFT, no TPOT)."""
+    rate = str(kind.item_rate)
+    unit = glossary.STEP_TABLE[rate].unit
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     x = _load_axis(tables)
     for name, t in tables.items():
         t = _by_load(t, x)
-        if "inputs_per_s" not in t.columns:
+        if rate not in t.columns:
             continue
         suspect = [
             flagged(o) or unstable(s)
@@ -116,10 +120,10 @@ def embeddings_curve(tables: dict[str, pd.DataFrame]) -> go.Figure:
         fig.add_trace(
             go.Scatter(
                 x=t[x],
-                y=t["inputs_per_s"],
-                name=f"{name} inputs/s",
+                y=t[rate],
+                name=f"{name} {unit}",
                 mode="lines+markers",
-                error_y=_error_bars(t, "inputs_per_s"),
+                error_y=_error_bars(t, rate),
                 marker={"symbol": ["circle-open" if s else "circle" for s in suspect], "size": 9},
             ),
             secondary_y=False,
@@ -138,9 +142,9 @@ def embeddings_curve(tables: dict[str, pd.DataFrame]) -> go.Figure:
                 secondary_y=True,
             )
     fig.update_xaxes(type="log", title=AXIS_TITLES[x], dtick=np.log10(2))
-    fig.update_yaxes(title_text="inputs/s", secondary_y=False, rangemode="tozero")
+    fig.update_yaxes(title_text=unit, secondary_y=False, rangemode="tozero")
     fig.update_yaxes(title_text="E2E (ms)", secondary_y=True, rangemode="tozero")
-    fig.update_layout(title="Batching curve (embeddings: inputs/s and E2E)", height=420)
+    fig.update_layout(title=f"Batching curve ({kind.name}: {unit} and E2E)", height=420)
     return fig
 
 

@@ -11,6 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .. import kinds
 from ..glossary import TURNS, columns
 from ..run import dataset_info, images_info, images_text
 
@@ -34,10 +35,10 @@ def cdf_points(sorted_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sorted_values[ranks], (ranks + 1) / n
 
 
-def cdf_figure(records: pd.DataFrame, embeddings: bool = False) -> go.Figure:
-    """Per step, the CDFs of TTFT and TPOT (an embeddings run: of E2E, its only latency)."""
-    metrics = ((1, "e2e_s"),) if embeddings else ((1, "ttft_s"), (2, "tpot_s"))
-    titles = ("E2E CDF (ms)",) if embeddings else ("TTFT CDF (ms)", "TPOT CDF (ms)")
+def cdf_figure(records: pd.DataFrame, batch: bool = False) -> go.Figure:
+    """Per step, the CDFs of TTFT and TPOT (a batch kind's run: of E2E, its only latency)."""
+    metrics = ((1, "e2e_s"),) if batch else ((1, "ttft_s"), (2, "tpot_s"))
+    titles = ("E2E CDF (ms)",) if batch else ("TTFT CDF (ms)", "TPOT CDF (ms)")
     fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=titles)
     ok = records[(records["status"] == "ok") & ~records["warmup"].astype(bool)]
     for (_step, users), group in ok.groupby(["step", "users"]):
@@ -173,11 +174,16 @@ def workload_html(run: dict, table: pd.DataFrame) -> str:
         if info.get("tokenizer"):
             items.append(f"Token lengths from: {info['tokenizer']}")
         seed = f", --seed {options.get('seed')}" if options.get("seed") is not None else ""
-        if options.get("endpoint") == "embeddings":  # no max_tokens: the batch and the vectors' encoding instead
-            items.append(
-                f"Embeddings: --batch-size {options.get('batch_size') or 1} inputs per request (consecutive prompts), "
-                f"--encoding-format {options.get('encoding_format') or 'float'}{seed}"
+        kind = kinds.of(options.get("endpoint"))
+        if not kind.streams:  # no max_tokens: the kind's own options instead (the batch, the vectors' encoding ...)
+            what = {name: counted for name, _flag, _minimum, counted in kind.minimums}
+            own = ", ".join(
+                f"{flag} {default if options.get(name) in (None, '') else options.get(name)}"
+                + (f" {what[name]}" if name in what else "")
+                for name, flag, default in kind.own_options
+                if options.get(name) not in (None, "") or default != ""
             )
+            items.append(f"{kind.title}: {own}{seed}")
         else:
             dist = options.get("max_tokens_dist") or ("reference" if spec.startswith("sharegpt") else "fixed")
             items.append(

@@ -11,8 +11,8 @@ import pandas as pd
 from plotly.offline import get_plotlyjs
 
 from .. import __version__ as SUITE_VERSION
+from ..batch import table_kind
 from ..diagnosis import utc
-from ..embeddings import shown as embeddings_shown
 from ..generator import flagged
 from ..glossary import GLOSSARY, GPU, STEP_TABLE, Column, columns, format_value
 from ..roofline import shown as gpu_shown
@@ -25,7 +25,7 @@ from ..steps import unstable
 if TYPE_CHECKING:
     from ..compare import Comparison
     from ..finish import Outcome
-from .charts import MISMATCH_LI, batching_curve, embeddings_curve, latency_figure, reasoning_html
+from .charts import MISMATCH_LI, batch_curve, batching_curve, latency_figure, reasoning_html
 from .distributions import arrivals_html, cdf_figure, turns_html, workload_html
 from .timeline import generator_figure, gpu_html, timeline_figure
 from .verdicts import capacity_html, ceiling_html, generator_html, slo_html
@@ -40,10 +40,10 @@ def _step_cell(column: Column | None, value: object) -> str:
 def table_html(table: pd.DataFrame) -> str:
     """The per-step table under the glossary's titles and in its formats (latencies in ms, fractions in %); a step
     flagged generator-bound, behind schedule, outlier or unstable is highlighted. A column the glossary does not
-    know keeps its name. An embeddings run leaves out the columns no step has a value of (TTFT, TPOT, ITL, tok/s:
-    they do not apply), so its inputs/s, prompt tok/s and E2E columns are read, not hunted for."""
+    know keeps its name. A batch kind's run leaves out the columns no step has a value of (TTFT,
+    TPOT, ITL, tok/s: they do not apply), so its items/s, prompt tok/s and E2E columns are read, not hunted for."""
     names = list(table.columns)
-    if embeddings_shown(table):
+    if table_kind(table) is not None:
         names = [n for n in names if n in ("step", "users") or table[n].notna().any()]
     if not gpu_shown(table):  # no GPU seen: its empty columns left out (the window times stay: any run has them)
         hidden = {c.name for c in columns(GPU)} - {"window_start_time", "window_end_time"}
@@ -128,13 +128,13 @@ def build_report(outcome: Outcome, compare: list[Path] | None = None) -> str:
     tables = {run_dir.name: table}
     for other in compare or []:
         tables[Path(other).name] = pd.read_csv(Path(other) / STEPS_FILE)
-    embeddings = embeddings_shown(table)
+    batch = table_kind(table)
     figures = [
-        # An embeddings run: inputs/s and E2E take the tok/s curve's and the TTFT/TPOT/ITL charts' place (all empty).
-        embeddings_curve(tables) if embeddings else batching_curve(tables),
-        *([] if embeddings else [latency_figure(tables)]),
-        timeline_figure(records, metrics, run.get("timeline") or [], embeddings),
-        cdf_figure(records, embeddings),
+        # A batch kind's run: its items/s and E2E take the tok/s curve's and the TTFT/TPOT/ITL charts' place (empty).
+        batching_curve(tables) if batch is None else batch_curve(tables, batch),
+        *([latency_figure(tables)] if batch is None else []),
+        timeline_figure(records, metrics, run.get("timeline") or [], batch),
+        cdf_figure(records, batch is not None),
     ]
     if len(generator):
         t0 = records["start_time"].min() if len(records) else generator["timestamp"].min()

@@ -11,8 +11,10 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .. import glossary
 from ..generator import CPU_BOUND, LAG_BOUND_S
 from ..glossary import format_value
+from ..kinds import RequestKind
 from ..records import single_model
 from ..roofline import ratio_text
 from ..roofline import shown as gpu_shown
@@ -25,17 +27,18 @@ from .charts import GPU_POINTS, ttft_points
 
 
 def timeline_figure(
-    records: pd.DataFrame, metrics: pd.DataFrame | None, timeline: list[dict], embeddings: bool = False
+    records: pd.DataFrame, metrics: pd.DataFrame | None, timeline: list[dict], batch: RequestKind | None = None
 ) -> go.Figure:
-    """Load and throughput, each request's latency, the server's gauges over the run; an embeddings run's are
-    inputs/s and E2E (it has no output tokens and no TTFT)."""
+    """Load and throughput, each request's latency, the server's gauges over the run; a batch kind's run's are its
+    items/s and E2E (it has no output tokens and no TTFT)."""
     ok = records[records["status"] == "ok"]
-    if embeddings:
-        ok = ok.assign(ttft_s=ok["e2e_s"], output_tokens=pd.to_numeric(ok["inputs"], errors="coerce"))
+    batched = batch is not None
+    if batch is not None:
+        ok = ok.assign(ttft_s=ok["e2e_s"], output_tokens=pd.to_numeric(ok[batch.items], errors="coerce"))
     ttft_shown, ttft_title = ttft_points(ok)
-    if embeddings:
+    if batched:
         ttft_title = ttft_title.replace("TTFT", "E2E")
-    rate_name = "inputs/s" if embeddings else "tok/s"
+    rate_name = "tok/s" if batch is None else glossary.STEP_TABLE[str(batch.item_rate)].unit
     # A trace replay (--trace) holds one pool of users throughout: its load over time is the trace's rows.
     trace = bool(timeline) and all("trace_window" in step for step in timeline)
     fig = make_subplots(
@@ -45,7 +48,7 @@ def timeline_figure(
         vertical_spacing=0.05,
         subplot_titles=(
             ("the trace's requests/s (1 s bins, by intended send time)" if trace else "users")
-            + f" and {'' if embeddings else 'aggregate '}{rate_name} (1 s bins, by completion)",
+            + f" and {'' if batched else 'aggregate '}{rate_name} (1 s bins, by completion)",
             ttft_title,
             "server: KV-cache usage, running and waiting requests",
         ),
@@ -78,7 +81,7 @@ def timeline_figure(
                 y=ttft_shown["ttft_s"] * 1000,
                 mode="markers",
                 marker={"size": 3},
-                name="E2E (ms)" if embeddings else "TTFT (ms)",
+                name="E2E (ms)" if batched else "TTFT (ms)",
             ),
             row=2,
             col=1,
@@ -97,7 +100,7 @@ def timeline_figure(
     for step in timeline:
         fig.add_vline(x=step["start_time"] - t0, line={"dash": "dot", "color": "grey"})
     fig.update_xaxes(title_text="seconds since the run started", row=3, col=1)
-    fig.update_yaxes(title_text="E2E (ms)" if embeddings else "TTFT (ms)", row=2, col=1)
+    fig.update_yaxes(title_text="E2E (ms)" if batched else "TTFT (ms)", row=2, col=1)
     fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(title_text="KV-cache usage", range=[0, 1.05], row=3, col=1, secondary_y=False)
     fig.update_layout(title="Timeline", height=800)
