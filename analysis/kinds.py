@@ -38,7 +38,17 @@ EMBEDDINGS = RequestKind(
     minimums=(("batch_size", "--batch-size", 1, "inputs per request"),),
 )  # fmt: skip
 
-KINDS: dict[str, RequestKind] = {k.name: k for k in (COMPLETIONS, CHAT, EMBEDDINGS)}
+RERANK = RequestKind(
+    "rerank", "/v1/rerank", streams=False, items="documents", item_rate="documents_per_s", title="Rerank",
+    own_options=(
+        ("documents_per_request", "--documents", 8), ("top_n", "--top-n", 0), ("rerank_path", "--rerank-path", ""),
+    ),
+    minimums=(("documents_per_request", "--documents", 1, "documents per request"),
+              ("top_n", "--top-n", 0, "results asked per request, 0 for all")),
+    path_option="rerank_path",
+)  # fmt: skip
+
+KINDS: dict[str, RequestKind] = {k.name: k for k in (COMPLETIONS, CHAT, EMBEDDINGS, RERANK)}
 DEFAULT = COMPLETIONS.name
 BATCH_KINDS = tuple(k for k in KINDS.values() if k.batch)
 

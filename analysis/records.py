@@ -99,6 +99,7 @@ class RequestRecord:
     answer_tpot_s: float | None = None  # TPOT over the answer only (after the first output token)
     # What a batch kind's request carried (analysis/kinds.py) and images (--images); None where they do not apply.
     inputs: int | None = None  # embeddings: the inputs the request carried (--batch-size)
+    documents: int | None = None  # rerank: the documents the request carried (--documents)
     images: int | None = None  # chat with --images: the images the request carried
     # Whether the step table counts it (analysis/steps.py measured_column): decided at the merge, from the run's
     # timeline, so None in records/*.jsonl and True/False in requests.parquet.
@@ -145,6 +146,7 @@ SCHEMA = pa.schema(
         ("tool_call_chunks", pa.int32()),
         ("answer_tpot_s", pa.float64()),
         ("inputs", pa.int32()),
+        ("documents", pa.int32()),
         ("images", pa.int32()),
         ("measured", pa.bool_()),
     ]

@@ -5,6 +5,7 @@ python -m embedded_vllm serve [--port 8000] [--num-blocks 128 ...]   # until Ctr
 python -m embedded_vllm serve --reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes
 python -m embedded_vllm serve --embed      # the tiny model as an embedding model: /v1/embeddings
 python -m embedded_vllm serve --vision     # a tiny vision-language model: chat with one image per request
+python -m embedded_vllm serve --rerank     # a tiny cross-encoder: /v1/rerank (also /rerank, /v2/rerank)
 python -m embedded_vllm demo               # server + stepped load + table, results in reports/
 python -m embedded_vllm demo --capacity    # server + capacity search (--find-capacity users) against --slo
 python -m embedded_vllm wait URL           # wait until URL/health answers (used by docker-compose)
@@ -61,6 +62,12 @@ def _settings_args(p: argparse.ArgumentParser) -> None:
         help="serve a tiny random-weight vision-language model (BLIP-2 layout): chat with one image per request "
         "(--endpoint chat --images 1:WxH), 32 prompt tokens per image",
     )
+    p.add_argument(
+        "--rerank",
+        action="store_true",
+        help="serve a tiny random-weight cross-encoder (the tiny model with a one-label score head): /v1/rerank, "
+        "/rerank, /v2/rerank and /score (load it with --endpoint rerank)",
+    )
 
 
 def _settings(a: argparse.Namespace) -> ServerSettings:
@@ -76,14 +83,16 @@ def _settings(a: argparse.Namespace) -> ServerSettings:
         tool_call_parser=a.tool_call_parser if a.enable_auto_tool_choice else "",
         embed=getattr(a, "embed", False),
         vision=getattr(a, "vision", False),
+        rerank=getattr(a, "rerank", False),
     )
 
 
 def _tool_flags_problem(a: argparse.Namespace) -> str | None:
-    """vLLM needs both tool flags or neither; one alone is refused before anything starts. --embed and --vision
-    are two different models."""
-    if getattr(a, "embed", False) and getattr(a, "vision", False):
-        return "--embed and --vision serve two different models; choose one"
+    """vLLM needs both tool flags or neither; one alone is refused before anything starts. --embed, --vision and
+    --rerank are different models."""
+    chosen = [f for f in ("embed", "vision", "rerank") if getattr(a, f, False)]
+    if len(chosen) > 1:
+        return f"{' and '.join('--' + f for f in chosen)} serve different models; choose one"
     if a.enable_auto_tool_choice and not a.tool_call_parser:
         return "--enable-auto-tool-choice needs --tool-call-parser NAME (e.g. hermes)"
     if a.tool_call_parser and not a.enable_auto_tool_choice:
@@ -129,9 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     wait.add_argument("--timeout", type=float, default=1800)
     a = ap.parse_args(argv)
     problem = _tool_flags_problem(a) if a.command in ("serve", "demo") else None
-    if a.command == "demo" and (a.embed or a.vision):
-        # The demo's load is streamed text generation, which neither model serves.
-        flag = "--embed" if a.embed else "--vision"
+    if a.command == "demo" and (a.embed or a.vision or a.rerank):
+        # The demo's load is streamed text generation, which none of these models serves.
+        flag = "--embed" if a.embed else "--vision" if a.vision else "--rerank"
         problem = f"demo runs text generation; use serve {flag} and run the load yourself"
     if problem:
         print(f"error: {problem}", file=sys.stderr)

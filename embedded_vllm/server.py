@@ -94,6 +94,7 @@ TINY_MODEL = Path(__file__).with_name("tiny_model.py")
 
 
 TINY_VISION_MODEL = Path(__file__).with_name("tiny_vision_model.py")
+TINY_RERANKER = Path(__file__).with_name("tiny_reranker.py")
 
 
 def generator_hash(generator: Path = TINY_MODEL) -> str:
@@ -131,6 +132,22 @@ def ensure_vision_model(python: Path, cache: Path | None = None) -> Path:
 
     return _ensure_generated(
         python, cache, "tiny-vision-model", TINY_VISION_MODEL, [str(text)], "generating the tiny vision model", current
+    )
+
+
+def ensure_reranker(python: Path, cache: Path | None = None) -> Path:
+    """The tiny cross-encoder's directory (tiny_reranker.py, from the text model's layers and tokenizer), generated
+    on first use and again whenever either generator changed."""
+    cache = cache or cache_dir()
+    text = ensure_model(python, cache)
+
+    def current(model: Path) -> bool:
+        if not _model_is_current(model, TINY_RERANKER):
+            return False
+        return json.loads((model / "tiny_model.json").read_text()).get("text_generator") == generator_hash()
+
+    return _ensure_generated(
+        python, cache, "tiny-reranker", TINY_RERANKER, [str(text)], "generating the tiny reranker", current
     )
 
 
@@ -194,6 +211,10 @@ class ServerSettings:
     # A tiny random-weight vision-language model (BLIP-2 layout, tiny_vision_model.py) instead of the text model:
     # chat requests may carry one image each (vLLM's limit for BLIP-2), 32 prompt tokens per image.
     vision: bool = False
+    # The tiny cross-encoder (tiny_reranker.py: the text model's layers with a one-label score head) instead of the
+    # text model, on vLLM's pooling runner: /v1/rerank, /rerank, /v2/rerank and /score (load it with --endpoint
+    # rerank); no /v1/completions.
+    rerank: bool = False
     # vLLM's --enforce-eager: no torch.compile and no graph capture. On a 2-core machine the tiny model was ready
     # in 21 s instead of 44 s; the tests use it, the demo keeps the compiled engine that a GPU run would have.
     enforce_eager: bool = False
@@ -272,10 +293,11 @@ class EmbeddedVLLM:
                 f"max_model_len {s.max_model_len} does not fit in the KV cache "
                 f"({s.num_blocks} blocks x {s.block_size}); lower it or add blocks"
             )
-        if s.embed and s.vision:
-            raise EmbeddedServerError("embed and vision are two different models; choose one")
+        if sum((s.embed, s.vision, s.rerank)) > 1:
+            raise EmbeddedServerError("embed, vision and rerank are different models; choose one")
         self.python = ensure_installed(self.cache)
-        self.model_dir = (ensure_vision_model if s.vision else ensure_model)(self.python, self.cache)
+        ensure = ensure_vision_model if s.vision else ensure_reranker if s.rerank else ensure_model
+        self.model_dir = ensure(self.python, self.cache)
         env = {
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": str(s.kv_cache_space_gib),

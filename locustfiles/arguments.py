@@ -41,8 +41,9 @@ def add_arguments(parser) -> None:
         default="completions",
         choices=sorted(ENDPOINTS),
         env_var="LOCUST_ENDPOINT",
-        help="completions (/v1/completions), chat (/v1/chat/completions) or embeddings (/v1/embeddings: not "
-        "streamed, --batch-size inputs per request)",
+        help="completions (/v1/completions), chat (/v1/chat/completions), embeddings (/v1/embeddings: not "
+        "streamed, --batch-size inputs per request) or rerank (/v1/rerank: not streamed, a query and --documents "
+        "documents per request)",
     )
     parser.add_argument(
         "--batch-size",
@@ -57,6 +58,30 @@ def add_arguments(parser) -> None:
         choices=["float", "base64"],
         env_var="LOCUST_ENCODING_FORMAT",
         help="--endpoint embeddings: the vectors as JSON floats or base64 (little-endian float32)",
+    )
+    parser.add_argument(
+        "--documents",
+        dest="documents_per_request",
+        type=int,
+        default=8,
+        env_var="LOCUST_DOCUMENTS",
+        help="--endpoint rerank: documents ranked per request against its query (query and documents are "
+        "consecutive texts of --dataset)",
+    )
+    parser.add_argument(
+        "--top-n",
+        type=int,
+        default=0,
+        env_var="LOCUST_TOP_N",
+        help="--endpoint rerank: the results asked per request (top_n); 0: every document ranked, top_n not sent",
+    )
+    parser.add_argument(
+        "--rerank-path",
+        default="",
+        choices=["", "/v1/rerank", "/rerank", "/v2/rerank"],
+        env_var="LOCUST_RERANK_PATH",
+        help="--endpoint rerank: the API's path (vLLM serves all three; /v2/rerank is the Cohere-style one). "
+        "Default: /v1/rerank",
     )
     parser.add_argument(
         "--images",

@@ -17,6 +17,10 @@ streams it (VllmChat below), and each /truth entry says when the first answer to
 POST /v1/embeddings answers at once after --embed-ms (+ --embed-per-input-ms per input), one vector of --embed-dim
 values per input, as vLLM 0.32's EmbeddingResponse; its /truth entry has the inputs, their tokens and the send of
 the body (last_sent_wall). Faults wrong_count, ragged and no_usage break its body's contract.
+
+POST /v1/rerank (and /rerank, /v2/rerank) answers the same way with one item per document: results sorted by a
+score that is the share of each document's words found in the query, top_n of them; its /truth entry has the
+documents, the results and the prompt tokens (query + document per pair). Faults wrong_count, bad_index, no_usage.
 """
 
 from __future__ import annotations
@@ -55,7 +59,10 @@ FAULT_KINDS = (
     "wrong_count",  # one embedding fewer than the inputs
     "ragged",  # the last vector is one value shorter (or longer, at --embed-dim 1) than the others
     "no_usage",  # the body has no usage
+    # /v1/rerank: wrong_count (one result fewer), no_usage, and:
+    "bad_index",  # the last result's index is out of range
 )
+RERANK_PATHS = ("/v1/rerank", "/rerank", "/v2/rerank")
 
 
 HOSTILE = "<script>alert('x')</script>"  # what a hostile server puts in every piece of text it returns
@@ -88,6 +95,7 @@ class Config:
     embed_per_input_s: float = 0.0  # ... plus this much per input of the batch
     embed_dim: int = 8  # the length of every embedding
     embeddings: bool = True  # serve /v1/embeddings; off: 404, as vLLM 0.32 serving a generation model answers
+    rerank: bool = True  # serve /v1/rerank, /rerank and /v2/rerank; off: 404 (a model that does not score)
 
 
 class State:
@@ -110,6 +118,8 @@ class State:
         self.inputs = 0  # their inputs: vllm:request_success_total{finished_reason=stop} (one engine request each)
         self.prompt_tokens = 0  # vllm:prompt_tokens_total: every stream that began, every embeddings answer
         self.embed_connections = 0  # connections that carried embeddings requests (a client's keep-alive reuses one)
+        self.rerank_ok = 0  # rerank requests answered (also in embed_ok: pooling requests)
+        self.documents = 0  # their documents (also in inputs: one engine request per query-document pair)
 
     def next_request(self, faults: list[tuple[str, int]]) -> tuple[int, str | None]:
         with self.lock:
@@ -500,7 +510,8 @@ class Handler(socketserver.StreamRequestHandler):
                     200,
                     {"requests": state.requests, "ok": state.ok, "faults": state.faults, "tokens": state.tokens,
                      "embeddings": state.embed_ok, "inputs": state.inputs, "prompt_tokens": state.prompt_tokens,
-                     "embed_connections": state.embed_connections},
+                     "embed_connections": state.embed_connections, "rerank": state.rerank_ok,
+                     "documents": state.documents},
                 )  # fmt: skip
         if method == "GET" and path == "/metrics":
             with state.lock:
@@ -591,6 +602,8 @@ class Handler(socketserver.StreamRequestHandler):
             return self.stream(path, headers, req, t_recv)
         if method == "POST" and path == "/v1/embeddings" and cfg.embeddings:
             return self.embeddings(headers, json.loads(body or b"{}"), t_recv)
+        if method == "POST" and path in RERANK_PATHS and cfg.rerank:
+            return self.rerank(path, headers, json.loads(body or b"{}"), t_recv)
         return self.send_json(404, {"error": {"message": f"no route {method} {path}", "code": 404}})
 
     def stream(self, path: str, headers: dict, req: dict, t_recv: float) -> bool:
@@ -694,11 +707,75 @@ class Handler(socketserver.StreamRequestHandler):
         }  # fmt: skip
         return self._send_pooled(request_id, page, len(inputs), prompt_tokens, fault, t_recv, t_admit, truth)
 
+    # --- /v1/rerank -------------------------------------------------------------------------------------
+    def rerank(self, path: str, headers: dict, req: dict, t_recv: float) -> bool:
+        """POST /v1/rerank (also /rerank, /v2/rerank) as vLLM answers it (RerankResponse: id, model, usage, results
+        sorted by relevance_score, top_n of them when 0 < top_n < documents), timed as an embeddings answer with one
+        item per document. The score of a document is the share of its words found in the query (a stand-in for a
+        cross-encoder, exact and repeatable); prompt_tokens are the pairs' tokens (query + document each)."""
+        cfg: Config = self.server.config
+        state: State = self.server.state
+        query, documents, top_n = req.get("query"), req.get("documents"), req.get("top_n", 0)
+        if not isinstance(query, str) or not isinstance(documents, list) or not documents:
+            return self.send_json(400, {"error": {"message": "query and a non-empty documents list", "code": 400}})
+        if cfg.strict:
+            known = ("model", "query", "documents", "top_n", "truncate_prompt_tokens", "user")
+            unknown = sorted(k for k in req if k not in known)
+            if unknown:
+                message = f"Unrecognized request argument supplied: {', '.join(unknown)}"
+                return self.send_json(400, {"error": {"message": message, "type": "invalid_request_error"}})
+        _, fault = state.next_request(cfg.faults)
+        request_id = headers.get("x-request-id", "")
+        with state.lock:
+            state.received.append(request_id)
+            body = {k: v for k, v in req.items() if k not in ("query", "documents")}
+            state.prompts.append(
+                {"query": query, "documents": documents, "request_id": request_id, "path": path, "body": body}
+            )
+        if fault and fault.startswith("http_"):
+            code = int(fault[5:])
+            return self.send_json(code, {"error": {"message": f"injected {fault}", "type": "Injected", "code": code}})
+        return self._in_slot(
+            lambda t_admit: self._rank(request_id, query, documents, int(top_n or 0), fault, t_recv, t_admit), t_recv
+        )
+
+    def _rank(
+        self, request_id: str, query: str, documents: list, top_n: int, fault: str | None, t_recv: float,
+        t_admit: float,
+    ) -> bool:  # fmt: skip
+        cfg: Config = self.server.config
+        words = set(query.lower().split())
+        scores = []
+        for doc in documents:
+            text = str(doc.get("text", "") if isinstance(doc, dict) else doc)
+            terms = text.lower().split()
+            scores.append(sum(t in words for t in terms) / len(terms) if terms else 0.0)
+        order = sorted(range(len(documents)), key=lambda i: (-scores[i], i))
+        if 0 < top_n < len(documents):
+            order = order[:top_n]
+        if fault == "wrong_count":
+            order = order[:-1]
+        results = [{"index": i, "document": {"text": documents[i] if isinstance(documents[i], str) else None},
+                    "relevance_score": scores[i]} for i in order]  # fmt: skip
+        if fault == "bad_index" and results:
+            results[-1]["index"] = len(documents)
+        pair_tokens = [count_tokens(query) + count_tokens(str(d)) for d in documents]
+        prompt_tokens = sum(pair_tokens)
+        answer = {"id": f"rerank-{request_id}", "model": cfg.model, "results": results}
+        if fault != "no_usage":
+            answer["usage"] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+        page = json.dumps(answer, separators=(",", ":")).encode()
+        truth = {
+            "endpoint": "rerank", "documents": len(documents), "top_n": top_n, "results": len(results),
+            "prompt_tokens": prompt_tokens, "scores": scores,
+        }  # fmt: skip
+        return self._send_pooled(request_id, page, len(documents), prompt_tokens, fault, t_recv, t_admit, truth)
+
     def _send_pooled(
         self, request_id: str, page: bytes, items: int, prompt_tokens: int, fault: str | None, t_recv: float,
         t_admit: float, truth: dict,
     ) -> bool:  # fmt: skip
-        """A pooling answer (embeddings): sent --embed-ms (+ --embed-per-input-ms per item) after its
+        """A pooling answer (embeddings, rerank): sent --embed-ms (+ --embed-per-input-ms per item) after its
         admission, whole with its content-length, the faults applied; counted as vLLM counts it (each item one
         finished engine request, its prompt tokens)."""
         cfg: Config = self.server.config
@@ -733,6 +810,9 @@ class Handler(socketserver.StreamRequestHandler):
             state.ok += 1
             state.embed_ok += 1
             state.inputs += items
+            if truth["endpoint"] == "rerank":
+                state.rerank_ok += 1
+                state.documents += items
             state.prompt_tokens += prompt_tokens
             state.truth[request_id] = {
                 **truth,
@@ -1050,6 +1130,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--embed-dim", type=int, default=8, help="/v1/embeddings: the length of every vector")
     p.add_argument("--no-embeddings", action="store_true", help="no /v1/embeddings (404), as a generation model's")
+    p.add_argument("--no-rerank", action="store_true", help="no /v1/rerank, /rerank, /v2/rerank (404)")
     a = p.parse_args(argv)
     slow_at, _, slow_factor = a.slow_at_concurrency.partition(":")
     cfg = Config(
@@ -1078,6 +1159,7 @@ def main(argv: list[str] | None = None) -> None:
         embed_per_input_s=a.embed_per_input_ms / 1000,
         embed_dim=a.embed_dim,
         embeddings=not a.no_embeddings,
+        rerank=not a.no_rerank,
     )
     sys.setswitchinterval(0.0002)  # hand the GIL over fast: a waking handler thread must not wait 5 ms
     server = Server((a.host, a.port), cfg)

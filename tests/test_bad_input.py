@@ -33,7 +33,7 @@ def one_error_line(proc) -> str:
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--endpoint", "rerank"], "--endpoint"),  # argparse's choices, through the parser's one-line error()
+        (["--endpoint", "classify"], "--endpoint"),  # argparse's choices, through the parser's one-line error()
         (["--max-tokens", "0"], "--max-tokens 0 must be at least 1"),  # options.check()
         (["--model", "nope"], "--model 'nope' is not served by"),  # preflight's question to the server
     ],
@@ -64,8 +64,8 @@ def test_unknown_model(server, tmp_path):
 
 @pytest.mark.unit
 def test_unknown_endpoint_option(server):
-    line = first_error("--host", server.url, *QUICK, "--endpoint", "rerank")
-    assert "--endpoint" in line and "rerank" in line
+    line = first_error("--host", server.url, *QUICK, "--endpoint", "classify")
+    assert "--endpoint" in line and "classify" in line
     assert server.get("/stats")["requests"] == 0
 
 

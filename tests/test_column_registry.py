@@ -26,7 +26,7 @@ from tests.conftest import ROOT, FakeServer
 from tests.test_headless import short_run
 
 STEP_SECTIONS = (g.STEP, g.SERVER, g.GENERATOR, g.OPEN_LOOP, g.UNCERTAINTY, g.SERVER_BOUNDS, g.STEP_END, g.REASONING,
-                 g.EMBEDDINGS, g.GPU)  # fmt: skip
+                 g.EMBEDDINGS, g.RERANK, g.GPU)  # fmt: skip
 
 
 def undeclared(written: list[str], sections: tuple[str, ...]) -> list[str]:
@@ -74,6 +74,7 @@ def test_the_derived_lists_are_the_columns_written_in_order(real_run):
         + g.names(g.STEP_END)
         + g.names(g.REASONING)
         + g.names(g.EMBEDDINGS)
+        + g.names(g.RERANK)
         + g.names(g.GPU)
     )
     for section, derived in ((g.STEP, STEP_COLUMNS), (g.SERVER, SERVER_COLUMNS), (g.GENERATOR, GENERATOR_COLUMNS),
@@ -186,6 +187,7 @@ def test_the_web_ui_columns_keep_their_keys_and_titles():
         ("schedule_lag_p99_ms", "Schedule lag p99 (ms)"), ("kv_cache_usage", "KV cache (latest)"),
         ("running", "Running (latest)"), ("waiting", "Waiting (latest)"), ("stable", "Stable"), ("outlier", "Outlier"),
         ("inputs_per_s", "Inputs/s"), ("prompt_tok_s", "Prompt tok/s"), ("e2e_p95_ms", "E2E p95 (ms)"),
+        ("documents_per_s", "Documents/s"),
     ]  # fmt: skip
     row = _row("whole run", {"step": "all", "users": 4, "requests": 10, "ttft_p50_s": 0.02049, "tpot_p50_s": 0.005,
                              "rate_rps": 2.0, "schedule_lag_p99_s": math.nan},

@@ -26,14 +26,17 @@ def test_embed_asks_for_the_pooling_runner_and_nothing_else_changes():
     assert "--runner" not in plain and "--convert" not in plain
     assert embed == [*plain, "--runner", "pooling", "--convert", "embed"]
     assert command(ServerSettings(port=1, vision=True)) == plain  # the model directory is what differs
+    assert command(ServerSettings(port=1, rerank=True)) == plain  # its architecture picks vLLM's pooling runner
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["serve", "--embed", "--vision"], "--embed and --vision serve two different models; choose one"),
+        (["serve", "--embed", "--vision"], "--embed and --vision serve different models; choose one"),
         (["demo", "--embed"], "demo runs text generation; use serve --embed"),
         (["demo", "--vision"], "demo runs text generation; use serve --vision"),
+        (["serve", "--embed", "--rerank"], "--embed and --rerank serve different models; choose one"),
+        (["demo", "--rerank"], "demo runs text generation; use serve --rerank"),
     ],
 )
 def test_refused_in_one_line_exit_3_before_anything_starts(capsys, monkeypatch, args, message):

@@ -20,6 +20,7 @@ from .columns import (  # noqa: F401
     OPEN_LOOP,
     REASONING,
     REQUESTS,
+    RERANK,
     SERVER,
     SERVER_BOUNDS,
     STEP,

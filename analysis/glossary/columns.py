@@ -34,6 +34,7 @@ SERVER_BOUNDS = "server_bounds"  # steps.csv: the bounds of the server's histogr
 STEP_END = "step_end"  # steps.csv: why each step ended (--step-duration auto), last
 REASONING = "reasoning"  # steps.csv: reasoning and tool calls (TTFO, reasoning tokens), after why each step ended
 EMBEDDINGS = "embeddings"  # steps.csv: inputs/s, prompt tok/s and E2E percentiles, after the reasoning section
+RERANK = "rerank"  # steps.csv: documents/s (with the embeddings section's prompt tok/s and E2E), after it
 GPU = "gpu"  # steps.csv: the step's window in Unix time and the GPU exporters' telemetry (issue 20), last
 REQUESTS = "requests"  # requests.parquet: one row per request
 LIVE = "live"  # the web UI's LLM tab only: the server's latest gauges and the row's scope (written nowhere)
@@ -534,6 +535,22 @@ EMBEDDINGS_COLUMNS = [
     Column("inputs_per_s_second_half", EMBEDDINGS, "inputs/s", "Inputs/s over the second half of the step's measured "
            "window.", "inputs of the ok requests completed in [mid, end) / (window_s / 2)",
            label="Inputs/s, 2nd half", metric="inputs_per_s"),
+]  # fmt: skip
+
+# steps.csv, rerank (issue 33): after the embeddings section. documents_per_s is empty outside a rerank run; a rerank
+# run's prompt tok/s and E2E percentiles are the embeddings section's columns (they apply to any request kind).
+RERANK_COLUMNS = [
+    Column("documents_per_s", RERANK, "documents/s", f"Documents ranked per second: documents of {_COMPLETED} / "
+           "window_s; empty when no record carries documents (not a rerank run).", "sum(documents) / window_s",
+           label="Documents/s", header="docs/s", fmt="num1", metric="documents_per_s"),
+    *_emb_ci("documents_per_s", "Documents/s", "documents/s", "num1", _BATCH_MEANS.replace("tokens", "documents"),
+             "documents_per_s", RERANK),
+    Column("documents_per_s_first_half", RERANK, "documents/s", "Documents/s over the first half of the step's "
+           "measured window.", "documents of the ok requests completed in [measure_start, mid) / (window_s / 2)",
+           label="Documents/s, 1st half", metric="documents_per_s"),
+    Column("documents_per_s_second_half", RERANK, "documents/s", "Documents/s over the second half of the step's "
+           "measured window.", "documents of the ok requests completed in [mid, end) / (window_s / 2)",
+           label="Documents/s, 2nd half", metric="documents_per_s"),
 ]  # fmt: skip
 
 # requests.parquet: one row per request, in analysis/records.py SCHEMA's order.

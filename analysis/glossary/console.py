@@ -13,7 +13,7 @@ from ..thresholds import (
     LAG_FLOOR_S,
     LAG_SHARE,
 )
-from .columns import EMBEDDINGS, GENERATOR, OPEN_LOOP, REASONING, SERVER, STEP, TURNS, Column
+from .columns import EMBEDDINGS, GENERATOR, OPEN_LOOP, REASONING, RERANK, SERVER, STEP, TURNS, Column
 from .registry import STEP_TABLE, columns
 
 # --- the console's tables ------------------------------------------------------------------------------------
@@ -98,6 +98,14 @@ SECTIONS = {
         "interval)",
         ("step", "users", "requests", "errors"),
         ("inputs_per_s", "prompt_tok_s", "e2e_p50_s", "e2e_p95_s", "e2e_p99_s"),
+    ),
+    RERANK: Section(
+        RERANK,
+        "Rerank (documents/s and prompt tok/s over each step's measured window, ± the half-width of the 95 % "
+        "interval; E2E: send to the body's last byte, exact percentiles in ms; ~ too few samples for a percentile's "
+        "interval)",
+        ("step", "users", "requests", "errors"),
+        ("documents_per_s", "prompt_tok_s", "e2e_p50_s", "e2e_p95_s", "e2e_p99_s"),
     ),
     OPEN_LOOP: Section(
         OPEN_LOOP,

@@ -12,6 +12,7 @@ from .columns import (
     OPEN_LOOP,
     REASONING,
     REQUESTS,
+    RERANK,
     SERVER,
     SERVER_BOUNDS,
     STEP,
@@ -85,6 +86,12 @@ _DOCS_SECTIONS = [
      "intervals as TTFT's. Written for every run: inputs_per_s is empty outside an embeddings run, prompt_tok_s is "
      "any run's prompt (prefill) rate; the console's \"Embeddings\" table replaces the batching curve in an "
      "embeddings run, whose streaming columns do not apply."),
+    (RERANK, "steps.csv: rerank", "Rerank runs (`--endpoint rerank`, "
+     "[embeddings-images.md](embeddings-images.md#rerank)), after the embeddings columns (`analysis/batch.py`). "
+     "A rerank request does not stream either: its throughput is documents per second (its prompt tokens per second "
+     "and E2E percentiles are the embeddings section's columns), with the same intervals. Written for every run: "
+     "documents_per_s is empty outside a rerank run; the console's \"Rerank\" table replaces the batching curve in "
+     "a rerank run."),
     (GPU, "steps.csv: GPU telemetry", "The step's measured window in Unix seconds (always written: it joins any "
      "time series to the step), then NVIDIA dcgm-exporter's samples (`--gpu-metrics-url`, one per GPU host) over "
      "that window ([gpu-telemetry.md](gpu-telemetry.md)), last in steps.csv (`analysis/gpu.py`). The samples are "

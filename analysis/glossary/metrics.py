@@ -105,10 +105,16 @@ _METRICS = [
         "inside a window / window length.",
     ),
     Metric(
+        "documents_per_s",
+        "documents/s",
+        "Rerank throughput: documents (ranked against the query, --documents per request) of the ok requests that "
+        "completed inside a window / window length.",
+    ),
+    Metric(
         "prompt_tok_s",
         "tokens/s",
         "Prompt throughput: the server's usage.prompt_tokens of the ok requests that completed inside a window / "
-        "window length (an embeddings run's token rate; a chat or completions run's prefill rate).",
+        "window length (an embeddings or rerank run's token rate; a chat or completions run's prefill rate).",
     ),
 ]
 

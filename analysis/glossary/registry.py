@@ -22,6 +22,8 @@ from .columns import (
     REASONING,
     REASONING_COLUMNS,
     REQUESTS,
+    RERANK,
+    RERANK_COLUMNS,
     SERVER,
     SERVER_BOUND_COLUMNS,
     SERVER_BOUNDS,
@@ -44,7 +46,7 @@ _REQUEST_COLUMNS = [
     Column("users", REQUESTS, "users", "Its step's target users, all processes together.", live=True),
     Column("warmup", REQUESTS, "bool", "Sent during its step's warm-up (--step-warmup): not measured.", live=True),
     Column("start_time", REQUESTS, "s", "Unix time of the send stamp (the request's bytes written).", live=True),
-    Column("endpoint", REQUESTS, "text", "The API it called (--endpoint): completions, chat or embeddings."),
+    Column("endpoint", REQUESTS, "text", "The API it called (--endpoint): completions, chat, embeddings or rerank."),
     Column("model", REQUESTS, "text", "The model it asked for."),
     Column("status", REQUESTS, "text", "ok or error.", live=True),
     Column("error_type", REQUESTS, "text", "The failure's category (e.g. timeout, connection_error, stream_error; "
@@ -106,6 +108,8 @@ _REQUEST_COLUMNS = [
            metric="answer_tpot_s", live=True),
     Column("inputs", REQUESTS, "inputs", "Embeddings (--endpoint embeddings): the inputs the request carried "
            "(--batch-size); none for the streaming endpoints.", live=True),
+    Column("documents", REQUESTS, "documents", "Rerank (--endpoint rerank): the documents the request carried "
+           "(--documents); none for the other kinds.", live=True),
     Column("images", REQUESTS, "images", "Chat with --images: the images the request carried; none without "
            "images."),
     Column("measured", REQUESTS, "bool", "Counted by the step table (steps.csv): sent after its step's warm-up and "
@@ -215,6 +219,7 @@ COLUMNS: dict[tuple[str, str], Column] = {
     + STEP_END_COLUMNS
     + REASONING_COLUMNS
     + EMBEDDINGS_COLUMNS
+    + RERANK_COLUMNS
     + GPU_COLUMNS
     + _GPU_VERDICT_COLUMNS
     + _REQUEST_COLUMNS
@@ -236,6 +241,7 @@ STEP_TABLE: dict[str, Column] = {
         STEP_END,
         REASONING,
         EMBEDDINGS,
+        RERANK,
         GPU,
         LIVE,
     )
@@ -248,6 +254,7 @@ WEB_UI = [
     "tpot_p95_s", "schedule_lag_p99_s",
     "kv_cache_usage", "running", "waiting", "stable", "outlier",
     "inputs_per_s", "prompt_tok_s", "e2e_p95_s",  # issue 19: an embeddings run's (inputs/s empty in any other run)
+    "documents_per_s",  # issue 33: a rerank run's (empty in any other run)
 ]  # fmt: skip
 
 

@@ -7,10 +7,11 @@ from .base import LLMRequestError, Requester
 from .chat import ChatRequester
 from .completions import CompletionsRequester
 from .embeddings import EmbeddingsRequester
+from .rerank import RerankRequester
 from .streaming import StreamingRequester
 
 REQUESTERS: dict[str, type[Requester]] = {
-    r.kind.name: r for r in (CompletionsRequester, ChatRequester, EmbeddingsRequester)
+    r.kind.name: r for r in (CompletionsRequester, ChatRequester, EmbeddingsRequester, RerankRequester)
 }
 
 

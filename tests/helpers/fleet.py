@@ -28,6 +28,8 @@ SERVERS: dict[str, ServerSettings] = {
     "embed_vllm": ServerSettings(num_blocks=64, max_num_seqs=16, embed=True, enforce_eager=True),
     # The tiny BLIP-2-layout vision-language model.
     "vision_vllm": ServerSettings(num_blocks=64, max_num_seqs=16, vision=True, enforce_eager=True),
+    # The tiny cross-encoder (LlamaForSequenceClassification, one label): /v1/rerank.
+    "rerank_vllm": ServerSettings(num_blocks=64, max_num_seqs=16, rerank=True, enforce_eager=True),
 }
 
 

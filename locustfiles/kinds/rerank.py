@@ -1,0 +1,61 @@
+"""--endpoint rerank: vLLM's /v1/rerank (--rerank-path /rerank or the Cohere-style /v2/rerank), not streamed. Each
+request posts a query and --documents documents, consecutive texts of the dataset (fetched.BatchRequester: the first
+is the query), with --top-n when given; the answer is checked (analysis/rerank_response.py: one result per document
+or per top_n, indices in range, scores numeric) and its usage kept."""
+
+from __future__ import annotations
+
+from ...analysis import kinds
+from ...analysis.records import RequestRecord
+from ...analysis.rerank_response import parse_rerank
+from .. import request_options
+from .fetched import BatchRequester
+
+
+def rerank_payload(
+    options, model: str, query: str, documents: list[str], fields: request_options.RequestFields | None = None
+) -> dict:
+    """The JSON body of one rerank request: the query, the documents, --top-n when given (none: every document
+    ranked), then --extra-body merged last (truncate_prompt_tokens, ...)."""
+    payload: dict = {"model": model, "query": query, "documents": list(documents)}
+    top_n = int(getattr(options, "top_n", 0) or 0)
+    if top_n:
+        payload["top_n"] = top_n
+    fields = request_options.fields(options) if fields is None else fields
+    if fields.extra_body:
+        request_options.merge(payload, fields.extra_body)
+    return payload
+
+
+class RerankRequester(BatchRequester):
+    kind = kinds.RERANK
+    answer_noun = "a rerank answer"
+    serve_hint = "serve a cross-encoder or reranker model (vLLM: vllm serve BAAI/bge-reranker-base)"
+
+    def __init__(self, user, opts) -> None:
+        self.documents = int(opts.documents_per_request)
+        self.top_n = int(getattr(opts, "top_n", 0) or 0)
+        super().__init__(user, opts)
+
+    def group(self, opts) -> int:
+        return self.documents + 1  # the query, then its documents
+
+    def count(self) -> int:
+        return self.documents
+
+    def body(self, texts: list[str]) -> dict:
+        user = self.user
+        query, documents = (texts[0], texts[1:]) if texts else ("", [])
+        return rerank_payload(user.environment.parsed_options, user.model, query, documents, user.fields)
+
+    def check(self, body: bytes, record: RequestRecord) -> str | None:
+        answer = parse_rerank(body, self.documents, self.top_n)
+        record.prompt_tokens = answer.prompt_tokens
+        return answer.error
+
+    @classmethod
+    def probe(cls, options, model: str) -> tuple[dict, object]:
+        """The preflight's request (one query, two documents) and the check of its answer (None: it holds)."""
+        top_n = int(getattr(options, "top_n", 0) or 0)
+        payload = rerank_payload(options, model, "hello", ["hello world", "goodbye"])
+        return payload, lambda body: parse_rerank(body, 2, top_n).error
