@@ -232,7 +232,7 @@ def test_options_appear_in_the_web_ui_start_form(tmp_path):
         "run_dir",
     ):
         assert name in extra, name
-    assert extra["endpoint"]["choices"] == ["chat", "completions", "embeddings"]
+    assert extra["endpoint"]["choices"] == ["chat", "completions", "embeddings", "rerank"]
     assert extra["max_tokens"]["default_value"] == 256
 
 

@@ -22,6 +22,12 @@ def parse_options(*args: str):
     return parser.parse_args(list(args))
 
 
+def _finished(env) -> int:
+    """The requests this process has recorded so far."""
+    writer = env.vllm_loadtest.writer
+    return 0 if writer is None else writer.count
+
+
 def run_in_process(
     user_class,
     host: str,
@@ -32,8 +38,11 @@ def run_in_process(
     shape=None,
     timeout: float = 120,
     stop_timeout: float | None = None,
+    min_records: int = 0,
 ):
-    """Run Locust in this process (local runner) and return its environment once the run has stopped."""
+    """Run Locust in this process (local runner) and return its environment once the run has stopped. Without a
+    shape the run lasts `seconds`, and longer (up to `timeout`) until `min_records` requests have finished: what a
+    test needs of the run, not a bet on how fast a busy machine gets there."""
     opts = parse_options("--host", host, "--run-dir", str(run_dir), "--headless", *args)
     env = Environment(user_classes=[user_class], events=Events(), parsed_options=opts, host=host, shape_class=shape)
     if stop_timeout is not None:
@@ -51,7 +60,10 @@ def run_in_process(
             raise AssertionError("shape run did not stop in time")
     else:
         runner.start(users, spawn_rate=max(100, users))
+        deadline = time.monotonic() + timeout
         gevent.sleep(seconds)
+        while _finished(env) < min_records and time.monotonic() < deadline:
+            gevent.sleep(0.1)
         runner.stop()
     runner.quit()
     return env

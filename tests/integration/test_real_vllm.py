@@ -54,10 +54,12 @@ def test_client_counts_equal_the_servers_counters(vllm_server, tmp_path, endpoin
 
 
 def test_vllm_rejections_carry_vllms_own_message(vllm_server, tmp_path):
-    # The request in flight at the stop finishes (stop_timeout): a busy machine's slowed server may answer the first
-    # rejection after the 1 s run (seen in a stress run: the one request cut off, no rejection recorded).
-    run_in_process(User, vllm_server.url, tmp_path / "a", "--max-tokens", "5000", users=1, seconds=1, stop_timeout=30)
-    run_in_process(User, vllm_server.url, tmp_path / "b", "--model", "nope", users=1, seconds=1, stop_timeout=30)
+    # Each run lasts until it has recorded a request (min_records): a busy machine's user may still be building its
+    # prompts after 1 s (seen in a stress run: the second run recorded nothing), and the request in flight at the
+    # stop finishes (stop_timeout) rather than being cut off.
+    for run_dir, args in (("a", ("--max-tokens", "5000")), ("b", ("--model", "nope"))):
+        run_in_process(User, vllm_server.url, tmp_path / run_dir, *args, users=1, seconds=1, stop_timeout=30,
+                       min_records=1)  # fmt: skip
     too_long = load_records(tmp_path / "a")
     unknown = load_records(tmp_path / "b")
     long_err = too_long[too_long["error_type"] != "cut_off"]
