@@ -213,8 +213,14 @@ def test_two_workers_send_each_row_exactly_once(fake_server, tmp_path):
     run = json.loads((run_dir / "run.json").read_text())
     start = run["timeline"][0]["start_time"]
     records = records.sort_values("trace_row")
-    # Each at its time: the workers' clocks are the same host's; the start is each worker's receipt of the begin.
-    assert records["intended_start_time"].to_numpy() - start == pytest.approx(offsets(rows), abs=0.05)
+    # Each at its time: a row's intended time is its worker's receipt of the begin message + the row's offset. The
+    # receipt lags the timeline's start by the message's trip (56 ms once on a busy machine), so each worker's rows
+    # are checked against that worker's own start, exactly, and the starts only for their order.
+    expected = pd.Series(offsets(rows), index=records.index)
+    base = records["intended_start_time"] - expected
+    for worker, own in base.groupby(records["worker"]):
+        assert own.max() - own.min() < 1e-3, (worker, own.describe())  # one start per worker: every row on time
+        assert own.min() >= start - 1e-3, (worker, own.min() - start)  # never before the begin was sent
     assert run["timeline"][-1]["end_reason"] == "fixed"
     assert run["trace"]["rows"] == len(rows) and run["trace"]["prompts"]["tokenizer"] == "/tokenize"
 
