@@ -80,4 +80,10 @@ def test_every_worker_of_a_cluster_ships_its_samples_to_the_master(fake_server, 
         shipped = pd.read_json(run_dir / GENERATOR_DIR / RECEIVED_DIR / f"{name}.jsonl", lines=True)
         assert np.array_equal(own["timestamp"].to_numpy(), shipped["timestamp"].to_numpy())
     steps = pd.read_csv(run_dir / "steps.csv")
-    assert (steps["generator_processes"] == 2).all() and steps["users_achieved_mean"].notna().all()
+    # Each step counts the processes with samples in its window: both, unless a busy machine starved one's sampler
+    # through a whole 3 s window (seen once in a stress run: 1 in the first step), so the count is the samples' own.
+    timeline = json.loads((run_dir / "run.json").read_text())["timeline"]
+    for entry, row in zip(timeline, steps.itertuples()):
+        inside = samples[(samples["timestamp"] >= entry["measure_start"]) & (samples["timestamp"] < entry["end_time"])]
+        assert row.generator_processes == inside["worker"].nunique() >= 1, (entry["step"], row.generator_processes)
+    assert steps["generator_processes"].max() == 2 and steps["users_achieved_mean"].notna().all()
