@@ -19,6 +19,11 @@ from .distributed import SHIP_INTERVAL_S
 from .openloop import OpenLoopPlan
 
 STEP_MESSAGE = "vllm_loadtest_step"
+# A worker, once its handlers are registered, asks the master for the step in force: Locust's master may start the
+# run (and send the first step) as soon as the worker said client_ready, before the worker's init listeners have
+# registered the step's handler; that message is then dropped ("Unknown message type"), and a rate step's share of
+# that worker is never sent.
+SYNC_MESSAGE = "vllm_loadtest_sync"
 
 logger = logging.getLogger("vllm_loadtest")
 
@@ -64,14 +69,20 @@ class StepTracker:
         self.plan.on_trace_done = self._trace_done
         # The controller asks the shape to end the run at its next tick (a result file cannot be written: plugin).
         self.stop_requested = False
+        self._sent: dict | None = None  # a master: the message of the step in force (None between runs, or paused)
+        self._began: tuple | None = None  # a worker: the step it began, so a message sent twice begins it once
         if isinstance(runner, WorkerRunner):
             runner.register_message(STEP_MESSAGE, self._on_message)
             runner.register_message(trace_run.BEGIN_MESSAGE, self._on_trace_begin)
+            runner.send_message(SYNC_MESSAGE, None)
         elif isinstance(runner, MasterRunner):
             runner.register_message(trace_run.READY_MESSAGE, self._on_trace_ready)
             runner.register_message(trace_run.DONE_MESSAGE, self._on_trace_done_message)
+            runner.register_message(SYNC_MESSAGE, self._on_sync)
 
     def reset(self) -> None:
+        self._sent = None
+        self._began = None
         self.state = None
         self.stop_requested = False
         self.timeline = []
@@ -265,6 +276,8 @@ class StepTracker:
                 nodes = runner.clients.ready + runner.clients.spawning + runner.clients.running
                 ids = sorted((node.id for node in nodes), key=runner.get_worker_index)
                 message["ranks"] = {client_id: rank for rank, client_id in enumerate(ids)}
+            message["started"] = now  # the step's identity (a message sent twice begins it once)
+            self._sent = message
             runner.send_message(STEP_MESSAGE, message)
         elif rate_rps is not None:
             self.plan.begin(
@@ -293,15 +306,26 @@ class StepTracker:
         search, no request may start that belongs to neither."""
         self.end(reason)
         if isinstance(self.environment.runner, MasterRunner):
+            self._sent = None
             self.environment.runner.send_message(STEP_MESSAGE, {"pause": True})
         else:
             self.plan.finish()
+
+    def _on_sync(self, environment, msg, **_kwargs) -> None:
+        """A master: a worker asks for the step in force (it may have missed its message): sent to it alone."""
+        if self._sent is not None:
+            logger.info("worker %s joined during step %s: sending it the step", msg.node_id, self._sent["step"])
+            environment.runner.send_message(STEP_MESSAGE, self._sent, client_id=msg.node_id)
 
     def _on_message(self, environment, msg, **_kwargs) -> None:
         data = msg.data
         if data.get("pause"):
             self.plan.finish()
             return
+        began = (data.get("step"), data.get("started"))
+        if began == self._began:
+            return  # the same step sent again (this worker's sync crossed the step's own message)
+        self._began = began
         self.state = StepState(int(data["step"]), int(data["users"]), time.perf_counter() + float(data["warmup_s"]))
         if data.get("rate_rps") is not None:
             ranks = data.get("ranks") or {}

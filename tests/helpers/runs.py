@@ -26,10 +26,10 @@ def locust_command(*args: str, headless: bool = True, locustfile: str = LOCUSTFI
     return [sys.executable, "-m", "locust", "-f", locustfile, *(["--headless"] if headless else []), *args]
 
 
-def locust(*args: str, cwd=None, env=None, timeout=120) -> subprocess.CompletedProcess:
+def locust(*args: str, cwd=None, env=None, timeout=120, locustfile: str = LOCUSTFILE) -> subprocess.CompletedProcess:
     """A headless run to its end (in the repository unless cwd), its output captured."""
     return subprocess.run(
-        locust_command(*args),
+        locust_command(*args, locustfile=locustfile),
         cwd=cwd or ROOT,
         env={**os.environ, **(env or {})},
         capture_output=True,
