@@ -8,7 +8,7 @@ from ...analysis import kinds
 from ...analysis.embedding_response import parse_embeddings
 from ...analysis.records import RequestRecord
 from .. import request_options
-from .fetched import BatchRequester
+from .fetched import BatchRequester, with_extra_body
 
 
 def embeddings_payload(
@@ -18,10 +18,7 @@ def embeddings_payload(
     a batch), --encoding-format, then --extra-body merged last (the user's escape hatch: dimensions,
     truncate_prompt_tokens, ...)."""
     payload: dict = {"model": model, "input": list(texts), "encoding_format": options.encoding_format}
-    fields = request_options.fields(options) if fields is None else fields
-    if fields.extra_body:
-        request_options.merge(payload, fields.extra_body)
-    return payload
+    return with_extra_body(payload, options, fields)
 
 
 class EmbeddingsRequester(BatchRequester):

@@ -20,7 +20,7 @@ from ...analysis import error_body
 from ...analysis.embedding_response import BAD_RESPONSE
 from ...analysis.records import RequestRecord
 from ...analysis.sse import CONNECTION_ERROR, CUT_OFF, TIMEOUT
-from .. import datasets
+from .. import datasets, request_options
 from ..openloop import Slot
 from .base import LLMRequestError, Requester
 
@@ -28,6 +28,14 @@ from .base import LLMRequestError, Requester
 # much text (lcm(items, group) texts); beyond, each body is serialized per request.
 PREPARED_BYTES = 64 << 20
 _PLACEHOLDER = datasets.REQUEST_ID_PLACEHOLDER.encode("latin-1")
+
+
+def with_extra_body(payload: dict, options, fields: request_options.RequestFields | None = None) -> dict:
+    """A body with --extra-body merged last (the user's escape hatch), the request options parsed now unless given."""
+    fields = request_options.fields(options) if fields is None else fields
+    if fields.extra_body:
+        request_options.merge(payload, fields.extra_body)
+    return payload
 
 
 def item_text(prompt: str | list[dict]) -> str:

@@ -9,7 +9,7 @@ from ...analysis import kinds
 from ...analysis.records import RequestRecord
 from ...analysis.rerank_response import parse_rerank
 from .. import request_options
-from .fetched import BatchRequester
+from .fetched import BatchRequester, with_extra_body
 
 
 def rerank_payload(
@@ -21,10 +21,7 @@ def rerank_payload(
     top_n = int(getattr(options, "top_n", 0) or 0)
     if top_n:
         payload["top_n"] = top_n
-    fields = request_options.fields(options) if fields is None else fields
-    if fields.extra_body:
-        request_options.merge(payload, fields.extra_body)
-    return payload
+    return with_extra_body(payload, options, fields)
 
 
 class RerankRequester(BatchRequester):
