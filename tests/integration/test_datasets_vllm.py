@@ -26,7 +26,10 @@ def test_a_shared_prefix_run_hits_the_prefix_cache(vllm_server, tmp_path):
     print(proc.stdout[-3000:])
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = pd.read_csv(run_dir / "steps.csv")
-    assert steps["prefix_cache_hit_rate"].iloc[0] > 0, steps.to_dict("records")
+    # A step whose window held no prefill (a busy machine's slow first request, or scrapes too sparse) has no rate:
+    # missing, not 0. The steps that measured one found the shared prefix in the cache.
+    rates = steps["prefix_cache_hit_rate"].dropna()
+    assert len(rates) and rates.max() > 0, steps.to_dict("records")
     records = pd.read_parquet(run_dir / "requests.parquet")
     ok = records[records["status"] == "ok"]
     assert len(ok) >= 4 and (ok["dataset"] == f"shared-prefix:{PREFIX_TOKENS}").all()
