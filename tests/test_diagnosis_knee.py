@@ -131,3 +131,16 @@ def test_a_rate_run_is_keyed_on_the_rate_with_its_range_and_saturation():
     assert "the knee lies between 4 and 8 req/s" in d.text[0]
     assert any(line.startswith("From 8 req/s the server is past its batch limit") for line in d.text)
     assert not math.isnan(d.knee_users)
+
+
+@pytest.mark.parametrize(("rate", "title", "unit"), [("inputs_per_s", "Embeddings", "inputs/s"),
+                                                     ("documents_per_s", "Rerank", "documents/s")])  # fmt: skip
+def test_a_batch_kind_curve_is_named_and_counted_in_its_items(rate, title, unit):
+    # No output tokens: the curve is the kind's items/s, and the knee's sentence says so in its own unit.
+    t = curve(USERS, [math.nan] * 7)
+    t[rate] = DEMO_TOK_S
+    t[f"{rate}_ci_low"], t[f"{rate}_ci_high"] = t[rate] * 0.97, t[rate] * 1.03
+    d = diagnose(t.assign(**quiet_server(7)))
+    assert (d.knee_step, d.knee_users) == (4, 16), d.text
+    assert d.text[0].startswith(f"{title} throughput ({unit}) flattens at 16 users"), d.text[0]
+    assert f"5512 ± 165 {unit}" in d.text[0] and "tok/s" not in d.text[0]
