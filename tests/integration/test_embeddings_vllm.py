@@ -74,7 +74,8 @@ def test_a_stepped_embeddings_run_has_inputs_and_prompt_tokens_per_second(embed_
     ok = records[records["status"] == "ok"]
     # Requests in flight when the run stops are cut off (error_type cut_off), as streams are; nothing else fails.
     cut = records[records["error_type"] == "cut_off"]
-    assert len(ok) > 10 and len(ok) + len(cut) == len(records), records["error"].dropna().unique()
+    # How many finish in the two 6 s steps is the busy machine's (8 in a stress run): each check below holds for any.
+    assert len(ok) > 0 and len(ok) + len(cut) == len(records), records["error"].dropna().unique()
     assert (ok["endpoint"] == "embeddings").all()
     assert (ok["inputs"] == BATCH).all()
     assert (ok["prompt_tokens"] == BATCH * PROMPT).all()  # exact lengths: /tokenize counts as the pooler does
