@@ -20,6 +20,8 @@ import itertools
 import math
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
 
 from ..analysis.conversation import (
     ConversationError,
@@ -32,7 +34,36 @@ from ..analysis.conversation import (
 )
 from ..analysis.records import RequestRecord
 from . import datasets
+from .declare import option
 from .options import parse_duration
+
+
+@dataclass(frozen=True)
+class ConversationOptions:
+    """--turns: multi-turn conversations, their history and think time."""
+
+    GROUP: ClassVar[str] = "Workload"
+
+    turns: str = option(
+        "--turns",
+        "1",
+        "Conversations: each user holds conversations of N turns (chat endpoint: every turn resends the whole"
+        " history; completions: the history as text); all: each sharegpt conversation's own human turns",
+    )
+    history: str = option(
+        "--history",
+        "generated",
+        "With --turns: the answers resent as history: generated (what the server streamed) or reference (the "
+        "dataset's own answers, sharegpt)",
+        choices=["generated", "reference"],
+    )
+    think_time: str = option(
+        "--think-time",
+        "0",
+        "With --turns: the wait between a turn's answer and the next turn, excluded from latency: 0, "
+        "constant:2s, exponential:5s (mean) or uniform:1s:4s",
+    )
+
 
 HISTORY = ("generated", "reference")
 THINK_EXAMPLE = "use 0, constant:2s, exponential:5s (mean) or uniform:1s:4s"
@@ -92,10 +123,10 @@ def parse_think_time(text: object) -> ThinkTime:
 
 def check(options) -> None:
     """--turns, --history and --think-time, alone and with --dataset and --trace; raises ValueError (one line)."""
-    turns_text = getattr(options, "turns", "1")
+    turns_text = options.turns
     turns = parse_turns(turns_text)
-    history = str(getattr(options, "history", "generated") or "generated").strip().lower()
-    think_text = getattr(options, "think_time", "0")
+    history = str(options.history or "generated").strip().lower()
+    think_text = options.think_time
     parse_think_time(think_text)
     if history not in HISTORY:  # the web UI's form hands back free text
         raise ConversationError(f"--history {history!r} is not one of generated, reference")
@@ -106,11 +137,11 @@ def check(options) -> None:
         if parse_think_time(think_text).kind != "none":
             raise ConversationError(f"--think-time {think_text} only applies to conversations; add --turns N (e.g. 3)")
         return
-    if getattr(options, "trace", ""):
+    if options.trace:
         raise ConversationError(
             f"--turns {turns_text} and --trace are alternatives (a trace's rows are single requests); drop --turns"
         )
-    source = datasets.parse_dataset(getattr(options, "dataset", "fixed"))
+    source = datasets.parse_dataset(options.dataset)
     if turns is None and not isinstance(source, datasets.ShareGPTSource):
         raise ConversationError(
             f"--turns all plays each sharegpt conversation's own turns, and --dataset {source.spec} has none; "
@@ -173,9 +204,9 @@ class ConversationPlayer:
         self, dataset: datasets.Dataset, options, endpoint: str, seed: str, id_prefix: str, start: int
     ) -> None:  # fmt: skip
         self.endpoint = endpoint
-        self.turns = parse_turns(getattr(options, "turns", "1"))
-        self.reference = str(getattr(options, "history", "generated")).strip().lower() == "reference"
-        self.think = parse_think_time(getattr(options, "think_time", "0"))
+        self.turns = parse_turns(options.turns)
+        self.reference = str(options.history).strip().lower() == "reference"
+        self.think = parse_think_time(options.think_time)
         # Its own stream, so a think time drawn or not never shifts the user's other draws (max_tokens).
         self.think_rng = random.Random(f"think:{seed}")
         self.scripts = dataset.conversations

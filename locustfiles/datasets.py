@@ -27,44 +27,66 @@ import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from ..analysis import conversation
 from ..analysis.conversation import Turn
+from .declare import option
 from .max_tokens import MaxTokens, parse_max_tokens  # noqa: F401  re-exported
 from .tokenizer import DEFAULT_TOKENIZER, DatasetError, Tokenizer, server_tokenizer  # noqa: F401  re-exported
+from .wordfit import FILLERS, QUESTIONS, WORDS, fit_words  # noqa: F401  re-exported
+
+if TYPE_CHECKING:
+    from .settings import SuiteOptions
 
 logger = logging.getLogger("vllm_loadtest.datasets")
+
 
 # Replaced by each request's X-Request-Id (always 32 hex digits, see OpenAIStreamingUser) in the serialized body
 # just before the request is sent: the same length, so the prepared Content-Length stays right, and no JSON
 # escaping can touch it. It makes every shared-prefix request unique right after the shared part.
+DEFAULT_PROMPT = "Explica en detalle cómo funciona la fotosíntesis."
+
+
+@dataclass(frozen=True)
+class DatasetOptions:
+    """Where the prompts come from and how long the answers may be."""
+
+    GROUP: ClassVar[str] = "Workload"
+
+    prompt: str = option(
+        "--prompt",
+        DEFAULT_PROMPT,
+        "Prompt text sent with every request",
+    )
+    prompt_file: str = option("--prompt-file", "", "JSON list of prompt strings used in turn instead of --prompt")
+    dataset: str = option(
+        "--dataset",
+        "fixed",
+        "Prompt source: fixed (--prompt / --prompt-file), synthetic:N (prompts of N tokens), sharegpt:PATH (a"
+        " ShareGPT JSON file), shared-prefix:L (a system prompt of L tokens shared by every request)",
+    )
+    num_prompts: int = option(
+        "--num-prompts",
+        100,
+        "Distinct prompts built by synthetic and shared-prefix, conversations drawn by sharegpt",
+    )
+    max_tokens_dist: str = option(
+        "--max-tokens-dist",
+        "",
+        "Per-request max_tokens: fixed (--max-tokens), reference (the dataset's answer lengths), "
+        "uniform:LOW:HIGH or normal:MEAN:SD. Default: reference for sharegpt, else fixed",
+    )
+    seed: int = option(
+        "--seed",
+        0,
+        "Seed of the generated and sampled prompts, of --max-tokens-dist and of --arrival poisson's and "
+        "gamma's times (the same seed gives the same prompts and schedule, in every worker)",
+    )
+
+
 REQUEST_ID_PLACEHOLDER = "%" * 14 + "REQUEST_ID" + "%" * 8
 assert len(REQUEST_ID_PLACEHOLDER) == 32
-
-# Short, common English words: with a real model's tokenizer most of them are one token after a space, which is
-# what makes "N words" a fair estimate of N tokens without /tokenize.
-WORDS = (
-    "the of and to in is was he for it with as his on be at by had are but from or have an they which one you "
-    "were all we her she there would their will when who him been has more if no out so said what up its about "
-    "into than them can only other new some could time these two may then do first any my now such like our "
-    "over man me even most made after also did many before must through back years where much your way well "
-    "down should because each just those people how too little state good very make world still own see men "
-    "work long get here between both life being under never day same another know while last might us great "
-    "old year off come since against go came right used take three"
-).split()
-# Appended one at a time to close the last few tokens of a gap that the next word would overshoot.
-FILLERS = (" a", ".", ",", " I", " x", "!", " 1", "-", " the")
-QUESTIONS = (
-    "Summarize the text above in one sentence.",
-    "What is the main idea of the instructions above?",
-    "List three keywords from the text above.",
-    "Translate the first sentence above into French.",
-    "Explain the text above to a ten-year-old.",
-    "Which part of the text above is the most important, and why?",
-    "Write a title for the text above.",
-    "Rewrite the last sentence above more formally.",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,68 +119,9 @@ class BuildContext:
     endpoint: str  # completions or chat
     seed: int
     num_prompts: int
-    options: object  # the run's parsed options (fixed reads --prompt / --prompt-file)
+    options: SuiteOptions  # the run's typed options (fixed reads --prompt / --prompt-file)
     tokenizer: Tokenizer | None = None  # None: the server has no /tokenize; lengths are estimates
     notes: list[str] = field(default_factory=list)  # one-line remarks for the log and run.json
-
-
-def fit_words(
-    words: list[str],
-    target: int,
-    count: Callable[[str], int],
-    join: Callable[[list[str]], str] = " ".join,
-    more: Callable[[int], list[str]] | None = None,
-) -> tuple[str, int]:
-    """The longest text `join(words[:k])` of at most `target` tokens, padded with FILLERS towards exactly
-    `target`; returns (text, its token count). The count grows with k, so a search over k needs about log2 of the
-    bracket in /tokenize calls; the first guess uses the tokens-per-word ratio to start close. `more(n)` gives n
-    more words when all of them are still fewer than `target` tokens (a tokenizer with long tokens)."""
-    cache: dict[int, int] = {}
-
-    def f(k: int) -> int:
-        if k not in cache:
-            cache[k] = count(join(words[:k]))
-        return cache[k]
-
-    # No request for k = 0: vLLM rejects an empty prompt. 0 tokens is a lower bound, all the search needs there.
-    cache[0] = 0
-    words = list(words)
-    while more is not None and f(len(words)) <= target and len(words) < 64 * target + 64:
-        words += more(len(words))
-    lo, hi = 0, len(words)
-    if f(hi) <= target:
-        lo = hi
-    else:
-        bisect = False
-        while hi - lo > 1:
-            if bisect:
-                k = (lo + hi) // 2
-            else:  # interpolate on the measured tokens per word; alternate with bisection so it always converges
-                per_word = (f(hi) - f(lo)) / (hi - lo)
-                k = min(hi - 1, max(lo + 1, lo + int((target - f(lo)) / per_word)))
-            bisect = not bisect
-            if f(k) <= target:
-                lo = k
-            else:
-                hi = k
-    text, n = join(words[:lo]), f(lo)
-    attempts = 0
-    while n < target and attempts < 3 * len(FILLERS):
-        for filler in FILLERS:
-            attempts += 1
-            candidate = text + filler if text else filler.strip()  # no leading space at the very start
-            m = count(candidate)
-            if n < m <= target:
-                text, n = candidate, m
-                break
-        else:
-            break  # no filler fits the remaining gap
-    if not text:
-        raise DatasetError(
-            f"{target} token(s) is shorter than any word with the server's tokenizer (special tokens and chat "
-            "template included); ask for more tokens"
-        )
-    return text, n
 
 
 # --- the sources ---------------------------------------------------------------------------------------------
@@ -210,7 +173,7 @@ class FixedSource(Source):
             raise DatasetError(f"--dataset fixed takes no argument (got {self.argument!r}); use --prompt-file")
 
     def build(self, ctx: BuildContext) -> list[Item]:
-        path = getattr(ctx.options, "prompt_file", "")
+        path = ctx.options.prompt_file
         prompts = load_prompts(path) if path else [ctx.options.prompt]
         return [Item(p) for p in prompts]
 
@@ -467,7 +430,7 @@ def _prompt_counter(ctx: BuildContext) -> Callable[[str], int]:
     assert tok is not None
     if ctx.endpoint == "chat":
         return lambda text: tok.count([{"role": "user", "content": text}])
-    if conversation.is_conversation(getattr(ctx.options, "turns", "1")):
+    if conversation.is_conversation(ctx.options.turns):
         # A conversation's first turn on completions is framed ("User: ...\nAssistant:"): N tokens with the frame.
         return lambda text: tok.count(conversation.completion_text(None, (), text))
     return tok.count
@@ -493,8 +456,8 @@ def build_dataset(spec: str, options, host: str, model: str, api_key: str | None
     source.check()
     ctx = BuildContext(
         endpoint=options.endpoint,
-        seed=int(getattr(options, "seed", 0) or 0),
-        num_prompts=int(getattr(options, "num_prompts", 100) or 100),
+        seed=int(options.seed or 0),
+        num_prompts=int(options.num_prompts or 100),
         options=options,
     )
     info: dict = {"spec": source.spec, "tokenizer": None}
@@ -518,7 +481,7 @@ def build_dataset(spec: str, options, host: str, model: str, api_key: str | None
             )
     conversations = None
     try:
-        turns = getattr(options, "turns", "1")
+        turns = options.turns
         if isinstance(source, ShareGPTSource) and conversation.is_conversation(turns):
             # Whole conversations; the items (for the single-request machinery) are their first turns.
             conversations = source.build_conversations(ctx, conversation.parse_turns(turns))
@@ -565,12 +528,12 @@ def load_prompts(path: str) -> list[str]:
 def check_dataset(options) -> None:
     """--dataset, --prompt-file, --num-prompts and --max-tokens-dist (a ShareGPT or prompt file is read here,
     before any load); raises ValueError with a one-line fix."""
-    if getattr(options, "prompt_file", ""):
+    if options.prompt_file:
         load_prompts(options.prompt_file)
-    source = parse_dataset(getattr(options, "dataset", "fixed"))
+    source = parse_dataset(options.dataset)
     source.check()
-    if getattr(options, "prompt_file", "") and not isinstance(source, FixedSource):
+    if options.prompt_file and not isinstance(source, FixedSource):
         raise ValueError(f"--prompt-file applies to --dataset fixed only, not --dataset {source.spec}")
-    if getattr(options, "num_prompts", 1) < 1:
+    if options.num_prompts < 1:
         raise ValueError(f"--num-prompts {options.num_prompts} must be at least 1")
-    parse_max_tokens(getattr(options, "max_tokens_dist", ""), options.max_tokens, source)
+    parse_max_tokens(options.max_tokens_dist, options.max_tokens, source)

@@ -39,14 +39,14 @@ UNPLANNED_HORIZON_S = 600.0
 def planned_seconds(options) -> float | None:
     """The run's planned length: its steps (or rates) times --step-duration (with auto, --max-step-duration: an
     upper bound); None for a capacity search or a trace replay, whose length depends on the server."""
-    if str(getattr(options, "find_capacity", "") or "").strip() or trace_run.active(options):
+    if str(options.find_capacity or "").strip() or trace_run.active(options):
         return None
     try:
-        rates = getattr(options, "rates", "") or ""
+        rates = options.rates or ""
         n = len(parse_rates(rates)) if rates else len(opts_mod.parse_steps(options.steps))
         duration = opts_mod.parse_step_duration(options.step_duration)
         if duration is None:
-            maximum = getattr(options, "max_step_duration", opts_mod.DEFAULT_MAX_STEP_DURATION)
+            maximum = options.max_step_duration
             duration = opts_mod.parse_duration(maximum, "--max-step-duration")
     except (ValueError, AttributeError):
         return None  # refused by the option checks; nothing to plan
@@ -56,9 +56,9 @@ def planned_seconds(options) -> float | None:
 def expected_output_tokens(options) -> float:
     """The mean output length the options ask for: --max-tokens, or --max-tokens-dist's mean (a uniform's middle, a
     normal's mean); 0 for a kind that does not stream (no per-token lists in its records)."""
-    if not kinds.of(getattr(options, "endpoint", "")).streams:
+    if not kinds.of(options.endpoint).streams:
         return 0.0
-    dist = str(getattr(options, "max_tokens_dist", "") or "").strip().lower()
+    dist = str(options.max_tokens_dist or "").strip().lower()
     kind, _, rest = dist.partition(":")
     try:
         a, b = (float(x) for x in rest.split(":"))
@@ -70,7 +70,7 @@ def expected_output_tokens(options) -> float:
 def before_run(options, run_dir: Path) -> str | None:
     """The warning line when the free space of `run_dir`'s disk is below what an open loop's records need (its
     scheduled requests x the record size of its output length); None when it suffices, or for a closed loop."""
-    rates_text = getattr(options, "rates", "") or ""
+    rates_text = options.rates or ""
     if not rates_text or planned_seconds(options) is None:
         return None
     free = free_bytes(run_dir)

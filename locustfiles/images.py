@@ -27,11 +27,34 @@ import random
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 from PIL import Image
 
+from .declare import option
 from .options import ImageSpec, parse_images
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    """--images: generated images added to every chat request."""
+
+    GROUP: ClassVar[str] = "Workload"
+
+    images: str = option(
+        "--images",
+        "",
+        "--endpoint chat: N:WIDTHxHEIGHT, N generated images (seeded by --seed) added to every request as "
+        "image_url parts with base64 data URLs, e.g. 2:512x512; distinct per request unless --image-reuse",
+    )
+    image_reuse: bool = option(
+        "--image-reuse",
+        False,
+        "With --images: every request sends the same images (to measure the server's image cache)",
+    )
+    image_format: str = option("--image-format", "png", "With --images: the images' encoding", choices=["png", "jpeg"])
+
 
 PLACEHOLDER = "%%%%VLLM_LOADTEST_IMAGE_URL%%%%"  # JSON-safe: serialized as is, found as bytes by splice
 _PLACEHOLDER_BYTES = PLACEHOLDER.encode("ascii")
@@ -202,7 +225,7 @@ class ImageMaker:
 
 def spec_of(options) -> ImageSpec | None:
     """The run's --images (checked before the run), or None."""
-    return parse_images(getattr(options, "images", "") or "")
+    return parse_images(options.images or "")
 
 
 def maker_key(options) -> tuple | None:

@@ -61,12 +61,13 @@ class OpenAIStreamingUser(User):
 
     def on_start(self) -> None:
         env = self.environment
-        opts = env.parsed_options
         self.run = env.vllm_loadtest
+        # The run's options, typed, read once per user: the requesters read them per request (settings.py).
+        opts = self.options = self.run.options
         self.shared = self.run.resources  # the process's model, prompts, images and trace replay
         # --rates, or a capacity search over rates: each probe is a rate step; --trace: each row at its time.
         self.trace = trace_run.active(opts)
-        self.open_loop = bool(getattr(opts, "rates", "")) or getattr(opts, "find_capacity", "") == "rate" or self.trace
+        self.open_loop = bool(opts.rates) or opts.find_capacity == "rate" or self.trace
         self._slot: Slot | None = None
         try:
             self.fields = self.shared.request_fields(opts)  # a worker reads its own copy of the --tools file

@@ -1,5 +1,5 @@
 """The suite's options after parsing: their checks (one `error:` line each), their parsers, and what run.json keeps.
-The declarations are in arguments.py.
+The declarations are in the features' modules (declare.py; settings.py lists them).
 """
 
 from __future__ import annotations
@@ -15,41 +15,18 @@ from locust.util.timespan import parse_timespan
 from ..analysis import capacity, kinds, servers
 from ..analysis.adaptive import AUTO, DEFAULT_CI_TARGET, DEFAULT_MAX_STEP_DURATION, parse_ci_target
 from ..analysis.run import parse_rate
-from ..analysis.schedule import DEFAULT_ARRIVAL, GAMMA, check_burstiness, parse_rates
-from .arguments import (  # noqa: F401  re-exported: the options' names and defaults
-    DEFAULT_MAX_USERS,
-    DEFAULT_PROMPT,
-    DEFAULT_STEP_DURATION,
-    DEFAULT_STEPS,
-    ENDPOINTS,
-    add_arguments,
-    one_line_error,
-)
+from ..analysis.schedule import GAMMA, check_burstiness, parse_rates
+
+DEFAULT_STEPS = "1,2,4,8,16,32,64"
+DEFAULT_STEP_DURATION = "30s"
+DEFAULT_MAX_USERS = 1000
 
 __all__ = ["parse_rate"]  # re-exported: the --max-error-rate parser, shared with analysis.finish
 
 
-# Locust's own options that shape a run: run.json keeps them beside every option of the suite's. An allow-list,
-# so that Locust's secrets (--web-auth) never land there.
-LOCUST_SAVED = (
-    "host", "num_users", "spawn_rate", "run_time", "stop_timeout", "processes", "headless", "master", "worker",
-    "expect_workers",
-)  # fmt: skip
-
-
-def saved_names() -> tuple[str, ...]:
-    """run.json's options: LOCUST_SAVED, then every option add_arguments declares but the secrets (is_secret),
-    read off a parser so that a new option is saved without a list to keep up to date."""
-    from locust.argument_parser import LocustArgumentParser
-
-    parser = LocustArgumentParser(add_help=False)
-    add_arguments(parser)
-    return LOCUST_SAVED + tuple(a.dest for a in parser._actions if not getattr(a, "is_secret", False))
-
-
 def api_key(options) -> str | None:
     """--api-key, else the environment variable named by --api-key-env; None when neither is set."""
-    return getattr(options, "api_key", "") or os.environ.get(options.api_key_env or "OPENAI_API_KEY") or None
+    return options.api_key or os.environ.get(options.api_key_env or "OPENAI_API_KEY") or None
 
 
 def parse_steps(text: str) -> list[int]:
@@ -89,8 +66,8 @@ def check_step_length(options: argparse.Namespace) -> None:
     step would still run its fixed length, and the run would not measure what its options say."""
     duration = parse_step_duration(options.step_duration)
     warmup = parse_duration(options.step_warmup, "--step-warmup", allow_zero=True)
-    maximum_text = getattr(options, "max_step_duration", DEFAULT_MAX_STEP_DURATION)
-    target_text = getattr(options, "ci_target", DEFAULT_CI_TARGET)
+    maximum_text = options.max_step_duration
+    target_text = options.ci_target
     maximum = parse_duration(maximum_text, "--max-step-duration")
     parse_ci_target(target_text)
     if duration is not None:
@@ -115,7 +92,7 @@ def check(options: argparse.Namespace) -> None:
     """Validate the options that have no argparse type; raises ValueError with a one-line message. The prompt
     options are checked by locustfiles.datasets.check_dataset (startup.check_options runs both)."""
     parse_steps(options.steps)
-    if getattr(options, "rates", ""):
+    if options.rates:
         parse_rates(options.rates)
         # Only a --steps that differs from its default counts as given: an option's source is not kept by argparse.
         if options.steps != DEFAULT_STEPS:
@@ -138,12 +115,12 @@ def check(options: argparse.Namespace) -> None:
         raise ValueError(f"--read-timeout {options.read_timeout} must be positive (seconds)")
     parse_rate(options.max_error_rate, "--max-error-rate")
     check_server_type(options)
-    if getattr(options, "model_bytes", ""):
+    if options.model_bytes:
         from ..analysis.ceiling import parse_bytes
 
         if parse_bytes(options.model_bytes) <= 0:
             raise ValueError(f"--model-bytes {options.model_bytes} must be positive")
-    bandwidth = getattr(options, "memory_bandwidth_gbs", None)
+    bandwidth = options.memory_bandwidth_gbs
     if bandwidth is not None:
         # The web UI's start form hands back text (and "" for an empty field): one type from here on.
         try:
@@ -152,20 +129,20 @@ def check(options: argparse.Namespace) -> None:
             raise ValueError(f"--memory-bandwidth-gbs {bandwidth!r} is not a number of GB/s, e.g. 3350") from None
         if options.memory_bandwidth_gbs is not None and options.memory_bandwidth_gbs <= 0:
             raise ValueError(f"--memory-bandwidth-gbs {bandwidth} must be positive (GB/s)")
-    if getattr(options, "gpu", ""):
+    if options.gpu:
         from ..analysis.ceiling import bandwidth_gbs
 
         bandwidth_gbs(options.gpu, None)
-    if getattr(options, "slo", ""):
+    if options.slo:
         from ..analysis.slo import check_endpoint, parse_slo
 
-        check_endpoint(parse_slo(options.slo), getattr(options, "endpoint", ""))
+        check_endpoint(parse_slo(options.slo), options.endpoint)
 
 
 def gpu_metrics_urls(options: argparse.Namespace) -> list[str]:
     """--gpu-metrics-url as a list of http(s) URLs, each once: repeated flags, an environment variable or a web UI
     field holding several (commas or spaces); raises ValueError naming a URL that is not http(s)."""
-    given = getattr(options, "gpu_metrics_url", None) or []
+    given = options.gpu_metrics_url or []
     if isinstance(given, str):
         given = [given]
     urls: list[str] = []
@@ -220,18 +197,18 @@ def check_request_kind(options: argparse.Namespace) -> None:
     """Each kind's own options (analysis/kinds.py: --batch-size, --encoding-format ...) only with that kind, --images
     and its companions only with a kind of chat messages, and a kind that does not stream only with the options that
     apply to a request that does not stream."""
-    kind = kinds.of(getattr(options, "endpoint", kinds.DEFAULT))
+    kind = kinds.of(options.endpoint)
     for other in kinds.KINDS.values():
         for attribute, flag, minimum, what in other.minimums:
-            value = getattr(options, attribute, minimum)
+            value = getattr(options, attribute)
             if value < minimum:
                 raise ValueError(f"{flag} {value} must be at least {minimum} ({what})")
-    images = parse_images(getattr(options, "images", ""))
+    images = parse_images(options.images)
     if not kind.streams:
         _refuse_streaming_options(options, kind, images)
     for other in kinds.KINDS.values():
         for attribute, flag, default in () if other is kind else other.own_options:
-            value = getattr(options, attribute, default)
+            value = getattr(options, attribute)
             if value != default:
                 shown = f"{flag} {value}" if isinstance(default, int) else flag
                 raise ValueError(f"{shown} only applies to --endpoint {other.name}; add it or drop {flag}")
@@ -245,8 +222,8 @@ def check_request_kind(options: argparse.Namespace) -> None:
         )
     if images is None:
         for flag, given in (
-            ("--image-reuse", bool(getattr(options, "image_reuse", False))),
-            ("--image-format", getattr(options, "image_format", "png") != "png"),
+            ("--image-reuse", bool(options.image_reuse)),
+            ("--image-format", options.image_format != "png"),
         ):
             if given:
                 raise ValueError(f"{flag} only applies with --images; add e.g. --images 1:512x512 or drop {flag}")
@@ -257,15 +234,15 @@ def _refuse_streaming_options(options: argparse.Namespace, kind: kinds.RequestKi
     ignored, so a run measures what its options say."""
     refused = [
         ("--images", bool(images)),
-        ("--ignore-eos", bool(getattr(options, "ignore_eos", False))),
-        ("--max-tokens-dist", bool(getattr(options, "max_tokens_dist", ""))),
-        ("--turns", str(getattr(options, "turns", "1")).strip() != "1"),
-        ("--trace", bool(getattr(options, "trace", ""))),
-        ("--chat-template-kwargs", bool(getattr(options, "chat_template_kwargs", ""))),
-        ("--tools", bool(getattr(options, "tools", ""))),
-        ("--tool-choice", bool(getattr(options, "tool_choice", ""))),
+        ("--ignore-eos", bool(options.ignore_eos)),
+        ("--max-tokens-dist", bool(options.max_tokens_dist)),
+        ("--turns", str(options.turns).strip() != "1"),
+        ("--trace", bool(options.trace)),
+        ("--chat-template-kwargs", bool(options.chat_template_kwargs)),
+        ("--tools", bool(options.tools)),
+        ("--tool-choice", bool(options.tool_choice)),
         ("--step-duration auto", parse_step_duration(options.step_duration) is None),
-        ("--find-capacity", bool(getattr(options, "find_capacity", ""))),
+        ("--find-capacity", bool(options.find_capacity)),
     ]
     for flag, given in refused:
         if given:
@@ -279,8 +256,8 @@ def check_arrival(options: argparse.Namespace) -> None:
     """--burstiness is a positive finite number, and other than 1 only with --arrival gamma (elsewhere it would do
     nothing). --arrival gamma itself, like poisson and constant, only shapes an open loop's arrivals: a closed loop
     or a trace replay ignores it, as it always ignored --arrival."""
-    burstiness = check_burstiness(getattr(options, "burstiness", 1.0))
-    arrival = getattr(options, "arrival", DEFAULT_ARRIVAL)
+    burstiness = check_burstiness(options.burstiness)
+    arrival = options.arrival
     if burstiness != 1 and arrival != GAMMA:
         raise ValueError(
             f"--burstiness {options.burstiness} only applies with --arrival gamma (this run's arrivals are "
@@ -292,7 +269,7 @@ def check_arrival(options: argparse.Namespace) -> None:
 def check_capacity(options: argparse.Namespace) -> None:
     """--find-capacity needs --slo and replaces --steps and --rates; its start, maximum and resolution are numbers.
     The capacity options without --find-capacity are refused, as the run would not do what they say."""
-    mode = str(getattr(options, "find_capacity", "") or "").strip()
+    mode = str(options.find_capacity or "").strip()
     if not mode:
         for name, attr, default in (
             ("--start-users", "start_users", capacity.DEFAULT_START_USERS),
@@ -300,22 +277,22 @@ def check_capacity(options: argparse.Namespace) -> None:
             ("--max-rate", "max_rate", ""),
             ("--capacity-resolution", "capacity_resolution", capacity.DEFAULT_RESOLUTION),
         ):
-            value = getattr(options, attr, default)
+            value = getattr(options, attr)
             if str(value).strip() != str(default):
                 raise ValueError(f"{name} {value} only applies with --find-capacity; add --find-capacity users|rate")
         return
     if mode not in capacity.MODES:  # the web UI's form hands back free text
         raise ValueError(f"--find-capacity {mode!r} is not one of {', '.join(capacity.MODES)}")
-    if not getattr(options, "slo", ""):
+    if not options.slo:
         raise ValueError(
             f"--find-capacity {mode} needs objectives to search against; add e.g. --slo ttft_p95=500ms,tpot_p95=50ms"
         )
     if options.steps != DEFAULT_STEPS:
         raise ValueError(f"--find-capacity chooses the loads itself: drop --steps {options.steps}")
-    if getattr(options, "rates", ""):
+    if options.rates:
         raise ValueError(f"--find-capacity chooses the loads itself: drop --rates {options.rates}")
     capacity.parse_resolution(options.capacity_resolution)
-    start = int(getattr(options, "start_users", capacity.DEFAULT_START_USERS) or 0)
+    start = int(options.start_users or 0)
     if start < 1:
         raise ValueError(f"--start-users {start} must be at least 1")
     if mode == capacity.USERS and start > options.max_users:
@@ -323,7 +300,7 @@ def check_capacity(options: argparse.Namespace) -> None:
     rate = capacity.parse_load(options.start_rate, "--start-rate")
     if rate is None:
         raise ValueError("--start-rate is empty; use e.g. --start-rate 1")
-    maximum = capacity.parse_load(getattr(options, "max_rate", ""), "--max-rate")
+    maximum = capacity.parse_load(options.max_rate, "--max-rate")
     if mode == capacity.RATE and maximum is not None and rate > maximum:
         raise ValueError(f"--start-rate {options.start_rate} is above --max-rate {options.max_rate}")
 
@@ -331,7 +308,7 @@ def check_capacity(options: argparse.Namespace) -> None:
 def check_server_type(options: argparse.Namespace, server_type: str | None = None) -> None:
     """--server-type is known, and --ignore-eos and --chat-template-kwargs are fields the server takes
     (`server_type`: the resolved one)."""
-    given = getattr(options, "server_type", "auto") or "auto"
+    given = options.server_type or "auto"
     if given not in servers.SERVER_TYPES:  # the web UI's form hands back free text
         raise ValueError(f"--server-type {given!r} is not one of {', '.join(servers.SERVER_TYPES)}")
     name = server_type or given
@@ -339,7 +316,7 @@ def check_server_type(options: argparse.Namespace, server_type: str | None = Non
         return
     profile = servers.get(name)
     how = "" if server_type is None or given != "auto" else " (detected)"
-    if str(getattr(options, "chat_template_kwargs", "") or "").strip() and not profile.chat_template_kwargs:
+    if str(options.chat_template_kwargs or "").strip() and not profile.chat_template_kwargs:
         # A strict API answers an unknown field with a 400 (every request would fail); another server would apply
         # no template argument, and thinking on and off would measure the same.
         raise ValueError(
@@ -347,7 +324,7 @@ def check_server_type(options: argparse.Namespace, server_type: str | None = Non
             "no chat_template_kwargs field; drop it, pass --server-type vllm if the server is a vLLM, or send it "
             "anyway with --extra-body '{\"chat_template_kwargs\": ...}'"
         )
-    if not getattr(options, "ignore_eos", False):
+    if not options.ignore_eos:
         return
     if not profile.ignore_eos:
         raise ValueError(

@@ -1,5 +1,6 @@
-"""docs/options.md's reference table, generated from the parser (arguments.add_arguments), so that the page lists
-every option with the default, variable and choices the code has, and a test notices when they part.
+"""docs/options.md's reference table, generated from the parser (settings.add_arguments: the features'
+declarations), so that the page lists every option with the default, variable and choices the code has, and a test
+notices when they part.
 
 python -m vllm_loadtest.locustfiles.options_reference               # print the table
 python -m vllm_loadtest.locustfiles.options_reference --write docs/options.md   # replace the page's table
@@ -11,11 +12,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import options as opts_mod
+from . import settings
 
 DOCS_FILE = "docs/options.md"
 DOCS_COMMAND = f"python -m vllm_loadtest.locustfiles.options_reference --write {DOCS_FILE}"
-BEGIN = "<!-- options reference: generated from locustfiles/arguments.py; regenerate, do not edit by hand -->"
+BEGIN = "<!-- options reference: generated from the options' declarations; regenerate, do not edit by hand -->"
 END = "<!-- end of the generated options reference -->"
 
 
@@ -24,7 +25,7 @@ def suite_actions() -> list[argparse.Action]:
     from locust.argument_parser import LocustArgumentParser
 
     parser = LocustArgumentParser(add_help=False)
-    opts_mod.add_arguments(parser)
+    settings.add_arguments(parser)
     return list(parser._actions)
 
 

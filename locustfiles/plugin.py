@@ -19,7 +19,6 @@ import logging
 import os
 import socket
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import gevent
@@ -35,10 +34,11 @@ from ..analysis.records import RECORDS_DIR, RecordWriter, RequestRecord, seriali
 from ..analysis.run import write_run
 from ..analysis.trace import ideal_prefix_hit_rate
 from ..analysis.trace import summary as trace_summary
-from . import diskspace, request_options, selfcheck, startup, trace_run
+from . import diskspace, gate, request_options, selfcheck, settings, startup, trace_run
 from . import options as opts_mod
 from .distributed import RECORDS_EVENT, RecordShipper, WorkerLedger, register_worker_stop
-from .exitcodes import EXIT_CRASH, EXIT_ERRORS, EXIT_OK, EXIT_SETUP_ERROR, EXIT_WRITE_FAILED
+from .exitcodes import EXIT_SETUP_ERROR, EXIT_WRITE_FAILED
+from .output import default_run_dir, unused_run_dir
 from .preflight import (
     Built,
     RunDirError,
@@ -56,23 +56,9 @@ from .webui import LLMTab
 
 logger = logging.getLogger("vllm_loadtest")
 
+
 # The suite's own events (see the module docstring).
 SUITE_EVENTS = ("llm_request", RECORDS_EVENT)
-
-
-def default_run_dir() -> Path:
-    return Path("reports") / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-
-
-def unused_run_dir(path: Path) -> Path:
-    """`path`, or `path-2`, `path-3` ... when it already holds records of another run (never mix two runs)."""
-    candidate, n = path, 1
-    while (candidate / RECORDS_DIR).is_dir() and any((candidate / RECORDS_DIR).iterdir()):
-        n += 1
-        candidate = path.with_name(f"{path.name}-{n}")
-    if candidate != path:
-        logger.warning("%s already holds a run; writing this one to %s", path, candidate)
-    return candidate
 
 
 class RunContext:
@@ -108,6 +94,11 @@ class RunContext:
             )
         elif isinstance(environment.runner, WorkerRunner):
             register_worker_stop(environment)
+
+    @property
+    def options(self) -> settings.SuiteOptions:
+        """This run's options, typed (read again each time: the web UI's form and the start change them)."""
+        return settings.read(self.environment.parsed_options)
 
     @property
     def is_controller(self) -> bool:
@@ -174,7 +165,7 @@ class RunContext:
         if self.ledger is not None:
             self.workers = []
             self.ledger.start(self.run_dir)
-        if self.generates_load and getattr(options, "images", ""):
+        if self.generates_load and self.options.images:
             try:  # --images: the process's base pool built now, before any request (~170 ms for 512x512 PNG)
                 self.resources.image_maker(options)
             except ValueError:
@@ -292,9 +283,7 @@ class RunContext:
                 print(text, flush=True)
 
             try:
-                self.outcome = finish_run(
-                    self.run_dir, report=not getattr(environment.parsed_options, "no_report", False), echo=echo
-                )
+                self.outcome = finish_run(self.run_dir, report=not self.options.no_report, echo=echo)
             except WriteFailure as failure:
                 self._results_failed(failure, printed=bool(echoed))
             self.tracker.reset()
@@ -328,27 +317,6 @@ class RunContext:
     def latest_samples(self) -> list[tuple[str, dict, float]] | None:
         """The server's latest scrape: this run's, or the last run's last one (None when not scraped)."""
         return self.scraper.last_samples if self.scraper is not None else None
-
-    def on_quitting(self, environment, **_kw) -> None:
-        """The process exit code: 0 ok, 1 errors over --max-error-rate or a broken --slo (headless), 2 the tool
-        crashed, 3 bad input, 4 a result file could not be written (set where the write failed); with
-        --find-capacity, 0 when a capacity was found, 1 when even the first probe broke an objective."""
-        if environment.process_exit_code is not None or not self.is_controller:
-            return  # already decided (bad input, a failed write), or a worker: the master's code is the run's
-        if locust.log.unhandled_greenlet_exception or environment.runner.exceptions:
-            # An exception escaped the suite's own code (Locust logs it with its traceback): a bug, not a verdict.
-            environment.process_exit_code = EXIT_CRASH
-        elif self.outcome is not None:
-            # A broken SLO fails a headless run (a pipeline's gate); in the web UI it is shown, not an exit code.
-            headless = environment.parsed_options.headless
-            if self.outcome.capacity is not None:
-                # A capacity search breaks objectives (and may fail requests) beyond the capacity on purpose: its
-                # verdict is whether any load met them all.
-                environment.process_exit_code = EXIT_OK if self.outcome.capacity_found or not headless else EXIT_ERRORS
-                return
-            slo_failed = self.outcome.slo_failed and headless
-            over = self.outcome.errors_over_limit
-            environment.process_exit_code = EXIT_ERRORS if over or slo_failed else EXIT_OK
 
     def _start_scraper(self, options) -> None:
         self.scraper = None  # the last run's, if any: its numbers are not this run's
@@ -402,17 +370,18 @@ class RunContext:
         if not self.is_controller or self.run_dir is None:
             return
         options = self.environment.parsed_options
+        typed = settings.read(options)
         data = {
             "started_at": self.started_at,
             "finished_at": time.time() if finished else None,
             "locust_version": locust.__version__,
             "suite_version": SUITE_VERSION,
             "server_version": self.server_version,
-            "options": {k: getattr(options, k, None) for k in opts_mod.saved_names()},
+            "options": {k: getattr(typed, k) for k in settings.saved_names()},
             "server_profile": server_profile_entry(options),  # the server type used and how it was decided
             "request_options": request_options.run_entry(options),  # what every request carried (None: nothing)
             # How this process built --dataset (tokenizer or estimates, items, notes); a master builds none.
-            "dataset": self.resources.dataset_info or {"spec": getattr(options, "dataset", "fixed")},
+            "dataset": self.resources.dataset_info or {"spec": typed.dataset},
             "trace": self.resources.trace_info,  # --trace: the file, its format, the slice, speed and rows replayed
             "timeline": timeline,
             "workers": self.workers,
@@ -443,7 +412,7 @@ def register(environment, built: Built | None = None) -> RunContext:
         getattr(events, RECORDS_EVENT).add_listener(ctx.tracker.adaptive.on_lines)
         events.llm_request.add_listener(ctx.tracker.capacity.on_record)  # --find-capacity: the running probe
         getattr(events, RECORDS_EVENT).add_listener(ctx.tracker.capacity.on_lines)
-    events.quitting.add_listener(ctx.on_quitting)
+    gate.register(environment, ctx)
     if getattr(environment, "web_ui", None) is not None and ctx.is_controller:
         # Registered after the run context: its test_start resolves the run directory the tab reads, and its
         # test_stop has finished the run when the tab's runs.
@@ -454,7 +423,7 @@ def register(environment, built: Built | None = None) -> RunContext:
 def install(events=None) -> None:
     """Register the suite's arguments and its init listener on Locust's global events."""
     events = events or locust.events
-    events.init_command_line_parser.add_listener(opts_mod.add_arguments)
+    events.init_command_line_parser.add_listener(settings.add_arguments)
     events.init.add_listener(_on_init)
 
 

@@ -10,6 +10,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import gevent
 from geventhttpclient import HTTPClient
@@ -21,8 +22,36 @@ from ..analysis.prometheus_text import scrape_timeout_s
 from . import options as opts_mod
 from . import request_options, trace_run
 from .datasets import Dataset, build_dataset
+from .declare import option
 
 logger = logging.getLogger("vllm_loadtest")
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """Who the server is and how to reach it."""
+
+    GROUP: ClassVar[str] = "Server"
+
+    api_key: str = option(
+        "--api-key",
+        "",
+        "API key sent as a Bearer token (masked in the web UI, never saved). Default: the --api-key-env variable",
+        secret=True,
+    )
+    api_key_env: str = option(
+        "--api-key-env",
+        "OPENAI_API_KEY",
+        "Name of the environment variable holding the API key (sent as a Bearer token)",
+    )
+    server_type: str = option(
+        "--server-type",
+        "auto",
+        "The server's kind, for its metric names, request extensions, /tokenize and version endpoint: vllm, "
+        "sglang, tgi, llamacpp, or openai (any OpenAI-compatible API: no vendor fields, no /metrics). Default"
+        " auto: detected from /metrics and /version before any load; openai when neither is recognised",
+        choices=list(servers.SERVER_TYPES),
+    )
 
 
 class SetupError(Exception):
@@ -134,9 +163,9 @@ def dataset_key(options, host: str, model: str) -> tuple:
     """Everything a built --dataset depends on."""
     o = options
     return (
-        host, model, o.dataset, o.endpoint, o.seed, o.num_prompts, o.prompt, getattr(o, "prompt_file", ""),
-        getattr(o, "server_profile", ""),  # the tokenizer endpoint is the profile's
-        getattr(o, "turns", "1"),  # conversations: sharegpt builds whole conversations, synthetic frames turn 1
+        host, model, o.dataset, o.endpoint, o.seed, o.num_prompts, o.prompt, o.prompt_file,
+        o.server_profile,  # the tokenizer endpoint is the profile's
+        o.turns,  # conversations: sharegpt builds whole conversations, synthetic frames turn 1
         request_options.tokenize_key(o),  # chat prompts are counted with the tools and template arguments
     )  # fmt: skip
 
@@ -156,7 +185,7 @@ def preflight(options, built: Built | None = None) -> Built:
         raise SetupError(f"{options.host}/v1/models lists no model; pass --model explicitly")
     model = options.model or models[0]
     resolve_server(options)  # before the dataset: the tokenizer endpoint is the profile's
-    if not kinds.of(getattr(options, "endpoint", "")).streams:
+    if not kinds.of(options.endpoint).streams:
         check_fetched_kind(options, model)
     built = built or Built()
     built.gpu_unanswered = check_gpu_endpoints(options)
@@ -241,7 +270,7 @@ def _get_json(url: str, timeout: float) -> object:
 
 def metrics_url(options) -> str:
     """--metrics-url, else <host>/metrics; '' when off or without a host."""
-    url = getattr(options, "metrics_url", "") or ""
+    url = options.metrics_url or ""
     if url == "off":
         return ""
     return url or (f"{(options.host or '').rstrip('/')}/metrics" if options.host else "")
@@ -270,7 +299,7 @@ def check_gpu_endpoints(options, timeout: float | None = None) -> frozenset[str]
     if not urls:
         return frozenset()
     if timeout is None:
-        timeout = scrape_timeout_s(getattr(options, "scrape_interval", 1.0) or 1.0)
+        timeout = scrape_timeout_s(options.scrape_interval or 1.0)
     asked = {url: gevent.spawn(_gpu_answer, url, timeout) for url in urls}
     unanswered = set()
     for url, job in asked.items():
@@ -305,7 +334,7 @@ def detect_server(options, timeout: float | None = None) -> tuple[servers.Server
     """The network part of --server-type auto: the names at /metrics and the answer of /version (asked at once),
     judged by the pure servers.detect(). Timeout: a scrape's (1-5 s), since it delays the start of the run."""
     if timeout is None:
-        timeout = max(1.0, min(5.0, float(getattr(options, "scrape_interval", 1.0) or 1.0) * 2))
+        timeout = max(1.0, min(5.0, float(options.scrape_interval or 1.0) * 2))
     url = metrics_url(options)
     names = gevent.spawn(fetch_metric_names, url, timeout) if url else None
     version = _get_json(f"{options.host.rstrip('/')}/version", timeout) if options.host else None
@@ -316,12 +345,12 @@ def resolve_server(options) -> servers.ServerProfile:
     """The run's server profile: --server-type, or detected (auto); set on the options (so workers receive it with
     their spawn message) and stated in one log line. Raises SetupError when --ignore-eos or --chat-template-kwargs
     cannot be sent to it."""
-    given = getattr(options, "server_type", "auto") or "auto"
+    given = options.server_type or "auto"
     key = [
-        given, options.host or "", metrics_url(options), bool(getattr(options, "ignore_eos", False)),
-        bool(str(getattr(options, "chat_template_kwargs", "") or "").strip()),  # refused for some profiles
+        given, options.host or "", metrics_url(options), bool(options.ignore_eos),
+        bool(str(options.chat_template_kwargs or "").strip()),  # refused for some profiles
     ]  # fmt: skip
-    if getattr(options, "server_profile", "") and getattr(options, "server_profile_key", None) == key:
+    if options.server_profile and options.server_profile_key == key:
         return servers.get(options.server_profile)  # decided already for these options (preflight, then start)
     if given == "auto":
         profile, how = detect_server(options)
@@ -340,11 +369,11 @@ def resolve_server(options) -> servers.ServerProfile:
 
 def server_profile_entry(options) -> dict | None:
     """run.json's `server_profile`: the profile and how it was decided; None before it is."""
-    name = getattr(options, "server_profile", "")
+    name = options.server_profile
     if not name:
         return None
-    given = (getattr(options, "server_type", "auto") or "auto") != "auto"
-    return servers.run_entry(servers.get(name), getattr(options, "server_profile_how", ""), given)
+    given = (options.server_type or "auto") != "auto"
+    return servers.run_entry(servers.get(name), options.server_profile_how, given)
 
 
 def fetch_server_version(

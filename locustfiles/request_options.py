@@ -13,6 +13,80 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
+
+from ..analysis import kinds
+from .declare import option
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """What every request carries (the body's fields) and how it is sent."""
+
+    GROUP: ClassVar[str] = "Request"
+
+    model: str = option(
+        "--model",
+        "",
+        "Model name to request. Default: the first model listed by the server's /v1/models",
+    )
+    endpoint: str = option(
+        "--endpoint",
+        "completions",
+        "completions (/v1/completions), chat (/v1/chat/completions), embeddings (/v1/embeddings: not "
+        "streamed, --batch-size inputs per request) or rerank (/v1/rerank: not streamed, a query and "
+        "--documents documents per request)",
+        choices=sorted(kinds.paths()),
+    )
+    max_tokens: int = option("--max-tokens", 256, "max_tokens per request")
+    temperature: float = option("--temperature", 0.0, "Sampling temperature (0 for deterministic comparisons)")
+    ignore_eos: bool = option(
+        "--ignore-eos",
+        False,
+        "Send ignore_eos (vLLM, SGLang, llama.cpp) so every request generates exactly --max-tokens. Refused "
+        "(exit code 3, nothing sent) with a server type that has no such field (openai, tgi): lengths would "
+        "not be exact, and a strict API rejects the field",
+    )
+    chat_template_kwargs: str = option(
+        "--chat-template-kwargs",
+        "",
+        "Chat endpoint: a JSON object sent as chat_template_kwargs, e.g. '{\"enable_thinking\": false}' for Qwen3",
+    )
+    tools: str = option(
+        "--tools",
+        "",
+        "Chat endpoint: a JSON file holding a list of OpenAI tool definitions sent with every request "
+        "(run.json keeps its path, sha256 and tool names)",
+    )
+    tool_choice: str = option(
+        "--tool-choice",
+        "",
+        "With --tools: auto, none, required or the NAME of one of the tools (sent as tool_choice)",
+    )
+    extra_body: str = option(
+        "--extra-body",
+        "",
+        "A JSON object merged into every request body (server-specific fields, e.g. '{\"top_k\": 20}'; saved in"
+        " run.json: no secrets): objects merge key by key, other values replace the suite's; model, prompt, "
+        "messages, max_tokens (their own options) and a stream other than true are refused",
+    )
+    read_timeout: float = option(
+        "--read-timeout",
+        600.0,
+        "Seconds to wait for any bytes from the server (a queued request may wait minutes for its first token)",
+    )
+    no_continuous_usage: bool = option(
+        "--no-continuous-usage",
+        False,
+        "Do not ask for stream_options.continuous_usage_stats (for servers that reject it)",
+    )
+    keep_alive: bool = option(
+        "--keep-alive",
+        False,
+        "Reuse each user's connection between requests. Off by default: uvicorn (vLLM's HTTP server) can drop"
+        " a request that arrives right after the previous response on the same connection",
+    )
+
 
 TOOL_CHOICES = ("auto", "none", "required")
 # OpenAI's constraint on a function's name (its API answers any other with a 400).
@@ -198,14 +272,14 @@ def check_extra_body(extra: dict | None, options) -> None:
             f'--extra-body sets "n": {json.dumps(extra["n"])}; the suite measures one answer per request: drop it'
         )
     for key, flag in FLAG_FIELDS.items():
-        if key in extra and str(getattr(options, flag[2:].replace("-", "_"), "") or "").strip():
+        if key in extra and str(getattr(options, flag[2:].replace("-", "_")) or "").strip():
             raise ValueError(f"--extra-body sets {key!r} and {flag} is given too; give it once")
 
 
 def key(options) -> tuple:
     """The option texts the request fields depend on."""
     return tuple(
-        str(getattr(options, name, "") or "").strip()
+        str(getattr(options, name) or "").strip()
         for name in ("chat_template_kwargs", "tools", "tool_choice", "extra_body", "endpoint")
     )
 

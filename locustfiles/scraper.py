@@ -22,8 +22,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import ClassVar
 
 import orjson
 
@@ -35,8 +37,59 @@ from ..analysis.prometheus_text import (
     scrape_line,
     scrape_timeout_s,
 )
+from .declare import option
 
 logger = logging.getLogger("vllm_loadtest.scraper")
+
+
+@dataclass(frozen=True)
+class ScrapeOptions:
+    """The server's Prometheus metrics, scraped during the run."""
+
+    GROUP: ClassVar[str] = "Server"
+
+    metrics_url: str = option(
+        "--metrics-url",
+        "",
+        "Prometheus endpoint of the server, scraped during the run. Default: <host>/metrics; 'off' to disable",
+    )
+    scrape_interval: float = option(
+        "--scrape-interval",
+        1.0,
+        "Seconds between two scrapes of --metrics-url (and of each --gpu-metrics-url)",
+    )
+
+
+@dataclass(frozen=True)
+class GpuOptions:
+    """GPU telemetry (dcgm-exporter) and the roofline's GPU figures."""
+
+    GROUP: ClassVar[str] = "Server"
+
+    gpu_metrics_url: list[str] | None = option(  # noqa: RUF009 (None: nothing given; a list once parsed)
+        "--gpu-metrics-url",
+        None,
+        "A GPU exporter's Prometheus endpoint (NVIDIA dcgm-exporter, e.g. http://gpu-node:9400/metrics), "
+        "scraped beside --metrics-url for steps.csv's GPU columns; repeat it once per GPU host (the "
+        "environment variable takes several, separated by commas or spaces)",
+    )
+    gpu: str = option(
+        "--gpu",
+        "",
+        "The server's accelerator, for the efficiency ceiling: a preset memory bandwidth (h100-sxm, "
+        "a100-80gb-sxm, l40s, l4, mi300x, ...; see docs/options.md)",
+    )
+    memory_bandwidth_gbs: float | None = option(
+        "--memory-bandwidth-gbs",
+        None,
+        "The accelerator's memory bandwidth in GB/s (overrides --gpu), for the efficiency ceiling",
+    )
+    model_bytes: str = option(
+        "--model-bytes",
+        "",
+        "The model's weight size (e.g. 16GB, 15.3GiB), for the efficiency ceiling (vLLM does not report it)",
+    )
+
 
 FIRST_SCRAPE_WAIT_S = 30.0  # the first scrape is the counters' baseline: the run waits for it (timeout x 2 + startup)
 

@@ -14,18 +14,126 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from locust import LoadTestShape
 
 from ..analysis import adaptive, capacity
-from ..analysis.schedule import parse_rates
+from ..analysis.schedule import ARRIVALS, DEFAULT_ARRIVAL, parse_rates
 from ..analysis.slo import parse_slo
 from . import trace_run
+from .declare import option
 from .exitcodes import EXIT_SETUP_ERROR
-from .options import parse_duration, parse_step_duration, parse_steps
+from .options import (
+    DEFAULT_MAX_USERS,
+    DEFAULT_STEP_DURATION,
+    DEFAULT_STEPS,
+    parse_duration,
+    parse_step_duration,
+    parse_steps,
+)
 from .tracker import StepTracker
 
 logger = logging.getLogger("vllm_loadtest")
+
+
+@dataclass(frozen=True)
+class LoadPlanOptions:
+    """The stepped plan: users (closed loop) or rates (open loop) per step, and each step's length."""
+
+    GROUP: ClassVar[str] = "Load plan"
+
+    steps: str = option("--steps", DEFAULT_STEPS, "Comma-separated user counts, one load step each")
+    rates: str = option(
+        "--rates",
+        "",
+        "Open loop instead of --steps: comma-separated request rates (requests/s, all load processes "
+        "together), one step each; requests are sent at scheduled times, whether or not earlier ones have "
+        "ended",
+    )
+    arrival: str = option(
+        "--arrival",
+        DEFAULT_ARRIVAL,
+        "With --rates: poisson (exponential times between requests, seeded by --seed), constant (evenly "
+        "spaced) or gamma (gamma-distributed times between requests of shape --burstiness, seeded by --seed)",
+        choices=list(ARRIVALS),
+    )
+    burstiness: float = option(
+        "--burstiness",
+        1.0,
+        "With --arrival gamma: the gamma distribution's shape (1 = Poisson, below 1 burstier, above 1 "
+        "smoother), as vLLM bench serve's --burstiness",
+    )
+    max_users: int = option(
+        "--max-users",
+        DEFAULT_MAX_USERS,
+        "With --rates (or --find-capacity rate): the pool of users that send the scheduled requests (at most "
+        "this many in flight); a request whose time comes while all are busy is sent late, and its lateness "
+        "recorded. With --find-capacity users: the most users probed",
+    )
+    step_duration: str = option(
+        "--step-duration",
+        DEFAULT_STEP_DURATION,
+        "Length of each step (e.g. 30s, 2m), or auto: each step runs until its aggregate tok/s interval is "
+        "within --ci-target and its TTFT p95 has enough samples, or until --max-step-duration",
+    )
+    step_warmup: str = option("--step-warmup", "5s", "Start of each step excluded from its statistics (e.g. 5s)")
+
+
+@dataclass(frozen=True)
+class AdaptiveOptions:
+    """--step-duration auto: each step runs until its throughput's interval is narrow enough."""
+
+    GROUP: ClassVar[str] = "Load plan"
+
+    max_step_duration: str = option(
+        "--max-step-duration",
+        adaptive.DEFAULT_MAX_STEP_DURATION,
+        "With --step-duration auto: the longest a step may run, warm-up included (e.g. 120s, 5m); a step that"
+        " reaches it is flagged (end_reason max_duration)",
+    )
+    ci_target: str = option(
+        "--ci-target",
+        adaptive.DEFAULT_CI_TARGET,
+        "With --step-duration auto: the 95%% interval half-width of a step's aggregate tok/s, relative to its"
+        " value, at which the step ends (e.g. 5%% or 0.05)",
+    )
+
+
+@dataclass(frozen=True)
+class CapacityOptions:
+    """--find-capacity: a search for the highest load that meets --slo."""
+
+    GROUP: ClassVar[str] = "SLO and capacity"
+
+    find_capacity: str = option(
+        "--find-capacity",
+        "",
+        "Search for the highest load meeting every --slo objective instead of running --steps: users (closed "
+        "loop) or rate (open loop, with --arrival and --seed). Probes double from --start-users / --start-"
+        "rate until an objective breaks, then bisect to --capacity-resolution; each probe is a step",
+        choices=["", *capacity.MODES],
+    )
+    start_users: int = option(
+        "--start-users",
+        capacity.DEFAULT_START_USERS,
+        "With --find-capacity users: the first probe's users (the probes stop at --max-users)",
+    )
+    start_rate: str = option(
+        "--start-rate", capacity.DEFAULT_START_RATE, "With --find-capacity rate: the first probe's requests/s"
+    )
+    max_rate: str = option(
+        "--max-rate",
+        "",
+        "With --find-capacity rate: the highest rate probed (requests/s). Default: no limit but the SLOs and "
+        "the throughput",
+    )
+    capacity_resolution: str = option(
+        "--capacity-resolution",
+        capacity.DEFAULT_RESOLUTION,
+        "With --find-capacity: bisect until the highest passing and the lowest failing probe are this close, "
+        "relative to the passing one (e.g. 10%%; never finer than 1 user)",
+    )
 
 
 @dataclass(frozen=True)
@@ -39,10 +147,8 @@ class StepLength:
 
     @classmethod
     def of(cls, opts) -> StepLength:
-        maximum = parse_duration(
-            getattr(opts, "max_step_duration", adaptive.DEFAULT_MAX_STEP_DURATION), "--max-step-duration"
-        )
-        target = adaptive.parse_ci_target(getattr(opts, "ci_target", adaptive.DEFAULT_CI_TARGET))
+        maximum = parse_duration(opts.max_step_duration, "--max-step-duration")
+        target = adaptive.parse_ci_target(opts.ci_target)
         return cls(parse_step_duration(opts.step_duration), maximum, target)
 
     def end(self, tracker: StepTracker, elapsed_s: float) -> str | None:
@@ -296,7 +402,7 @@ class TraceShape(SuiteShape):
     def setup(self, opts, tracker: StepTracker) -> None:
         super().setup(opts, tracker)
         self.pool = int(opts.max_users)
-        self.run_time = getattr(opts, "run_time", None)
+        self.run_time = opts.run_time
 
     def plan_tick(self, tracker: StepTracker, now: float) -> tuple[int, float] | None:
         environment = self.runner.environment
@@ -350,9 +456,9 @@ def plan_for(opts) -> type[SuiteShape]:
     """The load plan the options ask for (options.check refuses the combinations that would be ambiguous)."""
     if trace_run.active(opts):
         return TraceShape
-    if str(getattr(opts, "find_capacity", "") or "").strip():
+    if str(opts.find_capacity or "").strip():
         return CapacityShape
-    if getattr(opts, "rates", ""):
+    if opts.rates:
         return RatesShape
     return StepsShape
 

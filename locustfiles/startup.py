@@ -73,10 +73,10 @@ def apply_users_shortcut(options) -> str | None:
     step of 16 users for 60 s (Locust itself ignores -u and -t when a locustfile has a shape)."""
     if not options.headless or options.num_users is None or options.steps != opts_mod.DEFAULT_STEPS:
         return None
-    if getattr(options, "rates", "") or trace_run.active(options):
+    if options.rates or trace_run.active(options):
         # Said, not silently ignored (Locust ignores -u with a shape): an open-loop run's users are its pool.
         users = options.num_users
-        flag = "--rates: each rate step" if getattr(options, "rates", "") else "--trace: the replay"
+        flag = "--rates: each rate step" if options.rates else "--trace: the replay"
         return f"-u {users} is ignored with {flag} runs {options.max_users} users (--max-users)"
     options.steps = str(options.num_users)
     if options.run_time and options.step_duration == opts_mod.DEFAULT_STEP_DURATION:

@@ -21,6 +21,8 @@ import logging
 import math
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
 
 import gevent
 import numpy as np
@@ -29,9 +31,53 @@ from gevent.event import Event
 from ..analysis.trace import Trace, TraceError, load_trace
 from . import options as opts_mod
 from . import request_options
+from .declare import option
 from .trace_prompts import TracePrompts
 
 logger = logging.getLogger("vllm_loadtest")
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """--trace: a trace file's arrivals and lengths replayed."""
+
+    GROUP: ClassVar[str] = "Load plan"
+
+    trace: str = option(
+        "--trace",
+        "",
+        "Replay a timestamped trace instead of --steps/--rates: each row sent once, open loop, at its time",
+    )
+    trace_format: str = option(
+        "--trace-format",
+        "auto",
+        "With --trace: mooncake (JSONL: timestamp ms, input_length, output_length, hash_ids), azure (CSV: "
+        "TIMESTAMP, ContextTokens, GeneratedTokens) or jsonl (timestamp s or ms, prompt or input_length, "
+        "output_length); auto detects it from the content",
+        choices=["auto", "mooncake", "azure", "jsonl"],
+    )
+    trace_speed: float = option(
+        "--trace-speed",
+        1.0,
+        "With --trace: replay speed (2 = twice as fast: every gap between rows halved)",
+    )
+    trace_start: str = option(
+        "--trace-start",
+        "0s",
+        "With --trace: replay from this offset into the trace (e.g. 10m), in the trace's own time",
+    )
+    trace_duration: str = option(
+        "--trace-duration",
+        "",
+        "With --trace: replay only this much of the trace from --trace-start (e.g. 5m), in the trace's own "
+        "time. Default: to the end",
+    )
+    trace_block_tokens: int = option(
+        "--trace-block-tokens",
+        512,
+        "With --trace: tokens per hash_id block (Mooncake's 512): rows sharing a hash_id share that text block",
+    )
+
 
 READY_MESSAGE = "vllm_loadtest_trace_ready"  # worker -> master: {"error": str | None}
 BEGIN_MESSAGE = "vllm_loadtest_trace_begin"  # master -> worker: {"ranks", "window_s", "warmup_s", "users"}
@@ -45,16 +91,16 @@ USERS_WAIT_S = 10.0  # the replay starts once the pool is spawned, or after this
 
 def active(options) -> bool:
     """The run replays a trace (--trace given)."""
-    return bool(str(getattr(options, "trace", "") or "").strip())
+    return bool(str(options.trace or "").strip())
 
 
 def slice_of(options) -> tuple[float, float | None, float]:
     """(--trace-start s, --trace-duration s or None, --trace-speed) from the options; raises ValueError."""
-    start = opts_mod.parse_duration(getattr(options, "trace_start", "0s") or "0s", "--trace-start", allow_zero=True)
-    text = str(getattr(options, "trace_duration", "") or "").strip()
+    start = opts_mod.parse_duration(options.trace_start or "0s", "--trace-start", allow_zero=True)
+    text = str(options.trace_duration or "").strip()
     duration = opts_mod.parse_duration(text, "--trace-duration") if text else None
     try:
-        speed = float(getattr(options, "trace_speed", 1.0))
+        speed = float(options.trace_speed)
     except (TypeError, ValueError):
         raise ValueError(f"--trace-speed {options.trace_speed!r} is not a number; use e.g. --trace-speed 2") from None
     if not math.isfinite(speed) or speed <= 0:
@@ -74,18 +120,18 @@ def check(options, traces: Traces | None = None) -> None:
             ("--trace-block-tokens", "trace_block_tokens", 512),
             ("--trace-format", "trace_format", "auto"),
         ):
-            value = getattr(options, attr, default)
+            value = getattr(options, attr)
             if str(value).strip() != str(default):
                 raise ValueError(f"{name} {value} only applies with --trace; add --trace PATH or drop {name}")
         return
     trace = options.trace
     for given, name in (
-        (getattr(options, "rates", ""), "--rates"),
-        (getattr(options, "find_capacity", ""), "--find-capacity"),
+        (options.rates, "--rates"),
+        (options.find_capacity, "--find-capacity"),
     ):
         if str(given or "").strip():
             raise ValueError(f"--trace {trace} sets the load itself (its rows' times): drop {name} {given}")
-    if str(getattr(options, "turns", "1")).strip() != "1":
+    if str(options.turns).strip() != "1":
         raise ValueError(f"--trace {trace} replays single requests, not conversations: drop --turns {options.turns}")
     if options.steps != opts_mod.DEFAULT_STEPS:
         raise ValueError(f"--trace {trace} sets the load itself (its rows' times): drop --steps {options.steps}")
@@ -94,15 +140,15 @@ def check(options, traces: Traces | None = None) -> None:
             f"--step-duration auto does not apply to --trace: the steps are fixed windows of the replay; give e.g. "
             f"--step-duration {opts_mod.DEFAULT_STEP_DURATION}"
         )
-    if str(getattr(options, "dataset", "fixed") or "fixed").strip() != "fixed":
+    if str(options.dataset or "fixed").strip() != "fixed":
         raise ValueError(f"--trace {trace} gives the prompts (its rows' lengths): drop --dataset {options.dataset}")
-    if str(getattr(options, "max_tokens_dist", "") or "").strip():
+    if str(options.max_tokens_dist or "").strip():
         raise ValueError(
             f"--trace {trace} gives each request's max_tokens (its rows' output lengths): drop --max-tokens-dist "
             f"{options.max_tokens_dist}"
         )
     try:
-        blocks = int(getattr(options, "trace_block_tokens", 512))
+        blocks = int(options.trace_block_tokens)
     except (TypeError, ValueError):
         raise ValueError(f"--trace-block-tokens {options.trace_block_tokens!r} is not a number of tokens") from None
     if blocks < 1:
@@ -142,7 +188,7 @@ def _trace_key(options) -> tuple:
         version = (stat.st_mtime_ns, stat.st_size)
     except OSError:
         version = None  # load_trace says what is wrong with it
-    return (path, version, getattr(options, "trace_format", "auto") or "auto", *slice_of(options))
+    return (path, version, options.trace_format or "auto", *slice_of(options))
 
 
 def load(options, traces: Traces | None = None) -> Trace:
@@ -208,7 +254,7 @@ def info(trace: Trace, options, prompts: dict | None = None, ideal: float | None
         "total_rows": int(getattr(trace, "total_rows", 0) or 0) or None,
         "first_row": int(trace.rows[0]) if len(trace) else None,
         "last_row": int(trace.rows[-1]) if len(trace) else None,
-        "block_tokens": int(getattr(options, "trace_block_tokens", 512)),
+        "block_tokens": int(options.trace_block_tokens),
     }
 
 
@@ -289,7 +335,7 @@ def build_replay(options, host: str, model: str, api_key: str | None = None, tra
     try:
         # The tokenizer is asked while the prompts are calibrated, never per row.
         prompts = TracePrompts(
-            trace, options.endpoint, int(options.trace_block_tokens), int(getattr(options, "seed", 0) or 0),
+            trace, options.endpoint, int(options.trace_block_tokens), int(options.seed or 0),
             tokenizer if why is None else None, notes,
         )  # fmt: skip
     finally:
@@ -302,9 +348,9 @@ def build_replay(options, host: str, model: str, api_key: str | None = None, tra
 def replay_key(options, host: str, model: str) -> tuple:
     """Everything a built replay depends on."""
     return (
-        _trace_key(options), host, model, options.endpoint, int(getattr(options, "seed", 0) or 0),
+        _trace_key(options), host, model, options.endpoint, int(options.seed or 0),
         int(options.trace_block_tokens), bool(options.ignore_eos), options.max_tokens, options.temperature,
-        getattr(options, "server_profile", ""), bool(options.no_continuous_usage),
+        options.server_profile, bool(options.no_continuous_usage),
         request_options.tokenize_key(options),  # the prompts are counted with the tools and template arguments
     )  # fmt: skip
 

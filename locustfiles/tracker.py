@@ -344,4 +344,4 @@ class StepTracker:
 
 def _burstiness(options) -> float:
     """--arrival gamma's shape (options.check made it a float; 1, Poisson's, for options without it)."""
-    return float(getattr(options, "burstiness", 1.0))
+    return float(options.burstiness)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import random
-from types import SimpleNamespace
 
 import pytest
 from vllm_loadtest.analysis.conversation import (
@@ -21,6 +20,7 @@ from vllm_loadtest.analysis.records import RequestRecord
 from vllm_loadtest.analysis.sse import StreamParser
 from vllm_loadtest.locustfiles import datasets
 from vllm_loadtest.locustfiles.conversation import Conversation, ConversationPlayer, parse_think_time
+from vllm_loadtest.locustfiles.settings import SuiteOptions
 
 from tests.helpers.badinput import first_error
 
@@ -113,7 +113,7 @@ def record(status="ok", prompt_tokens=10, output_tokens=4) -> RequestRecord:
 
 def player(items, turns="3", endpoint="chat", history="generated", think="0", conversations=None):
     dataset = datasets.Dataset("x", items, conversations=conversations)
-    options = SimpleNamespace(turns=turns, history=history, think_time=think)
+    options = SuiteOptions(turns=turns, history=history, think_time=think)
     return ConversationPlayer(dataset, options, endpoint, "seed", "abc", 0)
 
 
@@ -212,7 +212,7 @@ def test_sharegpt_whole_conversations_keep_the_single_turn_prompts(tmp_path):
     source = datasets.ShareGPTSource(str(path))
     assert source.conversations() == [[("h1", "g1 g1"), ("h2", "g2")], [("k1", "j1")]]
     assert source.pairs() == [("h1", "g1 g1"), ("k1", "j1")]  # the single-turn prompts, as before
-    ctx = datasets.BuildContext("chat", 0, 10, SimpleNamespace())
+    ctx = datasets.BuildContext("chat", 0, 10, SuiteOptions())
     scripts = source.build_conversations(ctx, None)
     assert sorted(len(s) for s in scripts) == [1, 2]
     two = next(s for s in scripts if len(s) == 2)
@@ -257,10 +257,10 @@ class FakeTokenizer:
 def test_a_synthetic_first_turn_is_exactly_n_tokens(endpoint):
     from tests.fakeserver import count_tokens
 
-    options = SimpleNamespace(turns="3")
+    options = SuiteOptions(turns="3")
     ctx = datasets.BuildContext(endpoint, 0, 4, options, tokenizer=FakeTokenizer())
     items = datasets.SyntheticSource("40").build(ctx)
-    p = ConversationPlayer(datasets.Dataset("synthetic:40", items), SimpleNamespace(turns="3"), endpoint, "s", "u", 0)
+    p = ConversationPlayer(datasets.Dataset("synthetic:40", items), SuiteOptions(turns="3"), endpoint, "s", "u", 0)
     r = record()
     prompt, _, _ = p.ask(r)
     if endpoint == "chat":
@@ -269,6 +269,6 @@ def test_a_synthetic_first_turn_is_exactly_n_tokens(endpoint):
         assert prompt.startswith("User: ") and prompt.endswith("\nAssistant:") and count_tokens(prompt) == 40
     # A single-turn run's synthetic prompts are unchanged: the bare text is N tokens.
     single = datasets.SyntheticSource("40").build(
-        datasets.BuildContext(endpoint, 0, 1, SimpleNamespace(), FakeTokenizer())
+        datasets.BuildContext(endpoint, 0, 1, SuiteOptions(), FakeTokenizer())
     )
     assert FakeTokenizer().count(single[0].prompt) == 40

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from locust.argument_parser import get_parser
-from vllm_loadtest.locustfiles import options as options_mod
+from vllm_loadtest.locustfiles import settings as options_mod
 
 pytestmark = pytest.mark.unit
 
@@ -13,7 +13,7 @@ SECRETS = {"api_key"}  # --api-key-env (the variable's name) is saved, the key i
 
 
 def suite_options() -> set[str]:
-    """The dests options.add_arguments adds to Locust's own parser."""
+    """The dests settings.add_arguments adds to Locust's own parser."""
     parser = get_parser(default_config_files=[])
     locust_own = {a.dest for a in parser._actions}
     options_mod.add_arguments(parser)
@@ -24,7 +24,7 @@ def test_every_suite_option_is_saved_in_run_json():
     options = suite_options()
     assert {"prompt_file", "max_error_rate", "slo", "dataset"} <= options  # the parser was read
     missing = sorted(options - SECRETS - set(SAVED_OPTIONS))
-    assert not missing, f"options.saved_names() leaves out: {missing}"
+    assert not missing, f"settings.saved_names() leaves out: {missing}"
 
 
 def test_no_secret_and_no_option_twice():

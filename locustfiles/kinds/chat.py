@@ -18,7 +18,7 @@ class ChatRequester(StreamingRequester):
     def add_prompt(cls, payload: dict, prompt, options) -> None:
         # A source's chat messages as they are, else the text as one user message.
         payload["messages"] = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-        if getattr(options, "images", ""):
+        if options.images:
             # Placeholders for the data URLs, spliced in per request before the send stamp (locustfiles/images.py).
             payload["messages"] = images.attach(payload["messages"], images.spec_of(options).count)
 

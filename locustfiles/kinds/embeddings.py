@@ -4,11 +4,34 @@ asked encoding) and its usage kept."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 from ...analysis import kinds
 from ...analysis.embedding_response import parse_embeddings
 from ...analysis.records import RequestRecord
 from .. import request_options
+from ..declare import option
 from .fetched import BatchRequester, with_extra_body
+
+
+@dataclass(frozen=True)
+class EmbeddingsOptions:
+    """--endpoint embeddings: the batch and the vectors' encoding."""
+
+    GROUP: ClassVar[str] = "Request"
+
+    batch_size: int = option(
+        "--batch-size",
+        1,
+        "--endpoint embeddings: inputs per request, taken in turn from --dataset",
+    )
+    encoding_format: str = option(
+        "--encoding-format",
+        "float",
+        "--endpoint embeddings: the vectors as JSON floats or base64 (little-endian float32)",
+        choices=["float", "base64"],
+    )
 
 
 def embeddings_payload(
@@ -38,7 +61,7 @@ class EmbeddingsRequester(BatchRequester):
 
     def body(self, texts: list[str]) -> dict:
         user = self.user
-        return embeddings_payload(user.environment.parsed_options, user.model, texts, user.fields)
+        return embeddings_payload(user.options, user.model, texts, user.fields)
 
     def check(self, body: bytes, record: RequestRecord) -> str | None:
         """One vector per input, of the asked encoding; prompt_tokens from the answer's usage."""

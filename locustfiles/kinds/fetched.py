@@ -95,7 +95,7 @@ class FetchRequester(Requester):
                 self._finish(record, cut, time.perf_counter(), report=False)
             raise
         except TimeoutError as e:
-            timeout = user.environment.parsed_options.read_timeout
+            timeout = user.options.read_timeout
             failure = LLMRequestError(TIMEOUT, f"no data for {timeout:g} s ({e or 'timed out'})")
         except (OSError, HTTPParseError) as e:
             failure = LLMRequestError(CONNECTION_ERROR, f"{type(e).__name__}: {e}")

@@ -5,11 +5,41 @@ or per top_n, indices in range, scores numeric) and its usage kept."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 from ...analysis import kinds
 from ...analysis.records import RequestRecord
 from ...analysis.rerank_response import parse_rerank
 from .. import request_options
+from ..declare import option
 from .fetched import BatchRequester, with_extra_body
+
+
+@dataclass(frozen=True)
+class RerankOptions:
+    """--endpoint rerank: the documents per request, top_n and the API's path."""
+
+    GROUP: ClassVar[str] = "Request"
+
+    documents_per_request: int = option(
+        "--documents",
+        8,
+        "--endpoint rerank: documents ranked per request against its query (query and documents are "
+        "consecutive texts of --dataset)",
+    )
+    top_n: int = option(
+        "--top-n",
+        0,
+        "--endpoint rerank: the results asked per request (top_n); 0: every document ranked, top_n not sent",
+    )
+    rerank_path: str = option(
+        "--rerank-path",
+        "",
+        "--endpoint rerank: the API's path (vLLM serves all three; /v2/rerank is the Cohere-style one). "
+        "Default: /v1/rerank",
+        choices=["", "/v1/rerank", "/rerank", "/v2/rerank"],
+    )
 
 
 def rerank_payload(
@@ -18,7 +48,7 @@ def rerank_payload(
     """The JSON body of one rerank request: the query, the documents, --top-n when given (none: every document
     ranked), then --extra-body merged last (truncate_prompt_tokens, ...)."""
     payload: dict = {"model": model, "query": query, "documents": list(documents)}
-    top_n = int(getattr(options, "top_n", 0) or 0)
+    top_n = int(options.top_n or 0)
     if top_n:
         payload["top_n"] = top_n
     return with_extra_body(payload, options, fields)
@@ -31,7 +61,7 @@ class RerankRequester(BatchRequester):
 
     def __init__(self, user, opts) -> None:
         self.documents = int(opts.documents_per_request)
-        self.top_n = int(getattr(opts, "top_n", 0) or 0)
+        self.top_n = int(opts.top_n or 0)
         super().__init__(user, opts)
 
     def group(self, opts) -> int:
@@ -43,7 +73,7 @@ class RerankRequester(BatchRequester):
     def body(self, texts: list[str]) -> dict:
         user = self.user
         query, documents = (texts[0], texts[1:]) if texts else ("", [])
-        return rerank_payload(user.environment.parsed_options, user.model, query, documents, user.fields)
+        return rerank_payload(user.options, user.model, query, documents, user.fields)
 
     def check(self, body: bytes, record: RequestRecord) -> str | None:
         answer = parse_rerank(body, self.documents, self.top_n)
@@ -53,6 +83,6 @@ class RerankRequester(BatchRequester):
     @classmethod
     def probe(cls, options, model: str) -> tuple[dict, object]:
         """The preflight's request (one query, two documents) and the check of its answer (None: it holds)."""
-        top_n = int(getattr(options, "top_n", 0) or 0)
+        top_n = int(options.top_n or 0)
         payload = rerank_payload(options, model, "hello", ["hello world", "goodbye"])
         return payload, lambda body: parse_rerank(body, 2, top_n).error

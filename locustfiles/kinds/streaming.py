@@ -99,7 +99,7 @@ class StreamingRequester(Requester):
             )
             return
         self._prepare_dataset(opts)
-        if is_conversation(getattr(opts, "turns", "1")):
+        if is_conversation(opts.turns):
             # Session ids: the same random prefix as the request ids (unique across users and processes), a counter.
             dataset = user.shared.dataset(user.host, user.model)
             self.conversation = ConversationPlayer(
@@ -192,7 +192,7 @@ class StreamingRequester(Requester):
         # The body is serialized per turn (the prompt grows), before the send stamp.
         record.max_tokens = self.max_tokens.draw(self.rng, turn)
         record.reference_output_tokens = turn.reference_output_tokens
-        payload = self.payload(user.environment.parsed_options, user.model, prompt, record.max_tokens, user.fields)
+        payload = self.payload(user.options, user.model, prompt, record.max_tokens, user.fields)
         parser = StreamParser(keep_text=True)
         record = self._send(record, self.prepare(orjson.dumps(payload)), parser)
         player.answered(record, turn, text, parser.text)
@@ -223,7 +223,7 @@ class StreamingRequester(Requester):
                 self._finish(record, parser.result, cut, report=False)
             raise
         except TimeoutError as e:  # socket.timeout is TimeoutError since Python 3.10
-            timeout = user.environment.parsed_options.read_timeout
+            timeout = user.options.read_timeout
             failure = LLMRequestError(TIMEOUT, f"no data for {timeout:g} s ({e or 'timed out'})")
         except (OSError, HTTPParseError) as e:
             failure = LLMRequestError(CONNECTION_ERROR, f"{type(e).__name__}: {e}")

@@ -21,7 +21,7 @@ def first_error(*args: str) -> str:
     try:
         with redirect_stderr(stderr):
             options = parse_options("--headless", *args)
-    except SystemExit as e:  # the parser's error(): options.one_line_error
+    except SystemExit as e:  # the parser's error(): declare.one_line_error
         lines = stderr.getvalue().splitlines()
         assert e.code == 3 and len(lines) == 1 and lines[0].startswith("error: "), (e.code, lines)
         return lines[0]

@@ -10,15 +10,14 @@ import locust  # noqa: F401 - imported first: it monkey-patches the standard lib
 from locust.argument_parser import get_parser
 from locust.env import Environment
 from locust.event import Events
-from vllm_loadtest.locustfiles import options as options_mod
-from vllm_loadtest.locustfiles import plugin
+from vllm_loadtest.locustfiles import plugin, settings
 
 
 def parse_options(*args: str):
     """Locust's own parser (get_parser) with the suite's arguments registered, as a locustfile run has it."""
     parser = get_parser(default_config_files=[])
     if not any(a.dest == "max_tokens" for a in parser._actions):
-        options_mod.add_arguments(parser)
+        settings.add_arguments(parser)
     return parser.parse_args(list(args))
 
 
