@@ -23,10 +23,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import orjson
 
 from . import glossary
-from .records import LISTS_MARKER
 from .uncertainty import (
     BATCH_E2E_MULTIPLE,
     Interval,
@@ -150,11 +148,6 @@ def decide(
     return Decision(reason is not None, reason, True, max(window, 0.0), ttft_samples, ci.value, ci.relative_half_width)
 
 
-# Records are serialized in RequestRecord's field order, the per-chunk lists after every field needed here: a line
-# is cut there and only its head parsed (a 256-token record's lists are most of its bytes).
-_LISTS = LISTS_MARKER
-
-
 class StepAccumulator:
     """The current step's finished requests on the controller: each ok request's completion time and tokens (any
     step: the window's rate counts every completion in it), and the E2E and TTFT count of this step's measured
@@ -188,29 +181,15 @@ class StepAccumulator:
             if ttft_s is not None:
                 self.ttft_samples += 1
 
-    def on_record(self, record, **_kw) -> None:
-        """Listener of llm_request (a local runner): one RequestRecord."""
-        if self.active:
-            r = record
-            self.add(r.step, r.warmup, r.start_time, r.status, r.e2e_s, r.output_tokens, r.ttft_s)
-
-    def on_lines(self, lines: bytes, **_kw) -> None:
-        """Listener of llm_worker_records (a master): JSON lines of records shipped by a worker."""
+    def add_rows(self, rows: list[dict]) -> None:
+        """Records as dicts (locustfiles/recordbus.py: a local runner's, or a worker's shipped batch parsed once)."""
         if not self.active:
             return
-        for line in lines.splitlines():
-            cut = line.find(_LISTS)
+        for r in rows:
             try:
-                try:
-                    r = orjson.loads(line[:cut] + b"}" if cut > 0 else line)
-                    fields = (r["step"], r["warmup"], r["start_time"], r["status"], r["e2e_s"], r["output_tokens"],
-                              r["ttft_s"])  # fmt: skip
-                except (orjson.JSONDecodeError, KeyError):  # a field moved after the lists: the whole line
-                    r = orjson.loads(line)
-                    fields = (r["step"], r["warmup"], r["start_time"], r["status"], r["e2e_s"], r["output_tokens"],
-                              r["ttft_s"])  # fmt: skip
-                self.add(*fields)
-            except (orjson.JSONDecodeError, KeyError, TypeError):
+                self.add(r["step"], r["warmup"], r["start_time"], r["status"], r["e2e_s"], r["output_tokens"],
+                         r["ttft_s"])  # fmt: skip
+            except (KeyError, TypeError):
                 continue  # not a record of this suite's: the merge at the end reports unreadable lines
 
     def decide(

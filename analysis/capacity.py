@@ -24,13 +24,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-import orjson
 import pandas as pd
 from scipy import stats
 
 from .adaptive import MAX_DURATION, RUN_STOPPED
 from .glossary import percentile_never, ttfo_values
-from .records import LISTS_MARKER
 from .slo import STATISTICS, Objective, parse_slo
 from .sse import CUT_OFF
 from .thresholds import KNEE_GAIN
@@ -323,26 +321,14 @@ class ProbeRecords:
             row["chunk_offsets_s"], row["chunk_tokens"] = r.get("chunk_offsets_s") or [], r.get("chunk_tokens") or []
         self.rows.append(row)
 
-    def on_record(self, record, **_kw) -> None:
-        """Listener of llm_request: one RequestRecord."""
-        if self.active:
-            self.add({k: getattr(record, k) for k in (*self._FIELDS, "chunk_offsets_s", "chunk_tokens")})
-
-    def on_lines(self, lines: bytes, **_kw) -> None:
-        """Listener of llm_worker_records: JSON lines of records shipped by a worker."""
+    def add_rows(self, rows: list[dict]) -> None:
+        """Records as dicts (locustfiles/recordbus.py), with their per-chunk lists when `itl` asked for them."""
         if not self.active:
             return
-        for line in lines.splitlines():
-            # Without an ITL objective only the fields before the per-chunk lists are read (most of a record's bytes
-            # are its lists): the master parses every record every worker ships.
-            cut = -1 if self.itl else line.find(LISTS_MARKER)
+        for r in rows:
             try:
-                try:
-                    r = orjson.loads(line[:cut] + b"}" if cut > 0 else line)
-                except orjson.JSONDecodeError:  # a field moved after the lists: the whole line
-                    r = orjson.loads(line)
                 self.add(r)
-            except (orjson.JSONDecodeError, TypeError, KeyError, ValueError, AttributeError):
+            except (KeyError, TypeError, ValueError):
                 continue  # not a record of this suite's: the merge at the end reports unreadable lines
 
     def judge(self, probe: int, load: float, objectives: Sequence[Objective], window_start: float, now: float) -> Probe:

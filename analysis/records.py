@@ -54,6 +54,28 @@ def without_lists(data: bytes, start: int = 0, end: int | None = None) -> bytes:
     return data[start:cut] + data[second + 1 : end]
 
 
+def parse_lines(lines: bytes, lists: bool = False) -> list[dict]:
+    """Records as JSON lines (what workers ship and writers append), each parsed once: without its per-chunk lists
+    (most of its bytes) unless `lists`. A line that is not a JSON object is skipped: the merge at the end of the run
+    counts it as unreadable."""
+    rows, pos, size = [], 0, len(lines)
+    while pos < size:
+        nl = lines.find(b"\n", pos)
+        if nl < 0:
+            nl = size
+        line = lines[pos:nl] if lists else without_lists(lines, pos, nl)
+        pos = nl + 1
+        if not line.strip():
+            continue
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
 @dataclass(slots=True)
 class RequestRecord:
     request_id: str

@@ -34,7 +34,7 @@ from ..analysis.records import RECORDS_DIR, RecordWriter, RequestRecord, seriali
 from ..analysis.run import write_run
 from ..analysis.trace import ideal_prefix_hit_rate
 from ..analysis.trace import summary as trace_summary
-from . import diskspace, gate, request_options, selfcheck, settings, startup, trace_run
+from . import diskspace, gate, recordbus, request_options, selfcheck, settings, startup, trace_run, webui
 from . import options as opts_mod
 from .distributed import RECORDS_EVENT, RecordShipper, WorkerLedger, register_worker_stop
 from .exitcodes import EXIT_SETUP_ERROR, EXIT_WRITE_FAILED
@@ -52,13 +52,17 @@ from .resources import ProcessResources
 from .scraper import MetricsScraper
 from .shape import SuiteShape
 from .tracker import StepTracker
-from .webui import LLMTab
 
 logger = logging.getLogger("vllm_loadtest")
 
 
 # The suite's own events (see the module docstring).
 SUITE_EVENTS = ("llm_request", RECORDS_EVENT)
+
+# The features that register themselves beside the run context, in this order (each `register(environment, ctx)`):
+# the record bus (the controller's one parse of every record), the exit code, the web UI's LLM tab (a bus
+# subscriber). Their options are declared in their modules and composed in settings.py.
+FEATURES = (recordbus, gate, webui)
 
 
 class RunContext:
@@ -87,6 +91,7 @@ class RunContext:
         self._run_json_failed = False  # run.json could not be replaced this run (said once)
         self._stopping = False  # the run is being stopped (test_stopping fired): a failed write stops nothing more
         self.disk_watch: diskspace.DiskWatch | None = None
+        self.bus: recordbus.RecordBus | None = None  # the controller's (recordbus.register)
         self._refused = False  # this run's start was refused (its run directory cannot be written): said once
         if isinstance(environment.runner, MasterRunner):
             self.ledger = WorkerLedger(
@@ -407,16 +412,10 @@ def register(environment, built: Built | None = None) -> RunContext:
     events.test_stopping.add_listener(ctx.on_test_stopping)
     events.test_stop.add_listener(ctx.on_test_stop)
     events.llm_request.add_listener(ctx.on_record)
-    if ctx.is_controller:  # --step-duration auto: the shape's live view of the current step
-        events.llm_request.add_listener(ctx.tracker.adaptive.on_record)
-        getattr(events, RECORDS_EVENT).add_listener(ctx.tracker.adaptive.on_lines)
-        events.llm_request.add_listener(ctx.tracker.capacity.on_record)  # --find-capacity: the running probe
-        getattr(events, RECORDS_EVENT).add_listener(ctx.tracker.capacity.on_lines)
-    gate.register(environment, ctx)
-    if getattr(environment, "web_ui", None) is not None and ctx.is_controller:
-        # Registered after the run context: its test_start resolves the run directory the tab reads, and its
-        # test_stop has finished the run when the tab's runs.
-        LLMTab(environment, latest_samples=ctx.latest_samples)
+    # After the run context's listeners: the tab's test_start reads the run directory the context resolved, and
+    # its test_stop comes once the run is finished.
+    for feature in FEATURES:
+        feature.register(environment, ctx)
     return ctx
 
 

@@ -34,7 +34,6 @@ from ..analysis.prometheus_text import SCRAPES_FILE
 from ..analysis.records import RECORDS_DIR
 from ..analysis.run import read_run
 from .charts_page import PAGE as CHARTS_PAGE
-from .distributed import RECORDS_EVENT
 from .options import api_key
 
 logger = logging.getLogger("vllm_loadtest.webui")
@@ -125,8 +124,7 @@ class LLMTab:
         events = environment.events
         events.test_start.add_listener(self._on_test_start)
         events.test_stop.add_listener(self._on_test_stop)
-        events.llm_request.add_listener(self._on_record)
-        getattr(events, RECORDS_EVENT).add_listener(self._on_worker_records)
+        # Its records come from the controller's record bus (plugin.register subscribes `live.add_rows`).
         web_ui = environment.web_ui
         web_ui.template_args["extended_tabs"] = [{"title": "LLM", "key": TAB}]
         web_ui.template_args["extended_tables"] = [
@@ -163,12 +161,6 @@ class LLMTab:
         self._latency = live_charts.LatencyBins()
         model = environment.parsed_options.model or None  # as the scraper keeps only this model's samples
         self._scrapes = live_charts.ScrapeTail(self.run_dir / SCRAPES_FILE if self.run_dir else None, model)
-
-    def _on_record(self, record, **_kw) -> None:
-        self.live.add_record(record)
-
-    def _on_worker_records(self, lines: bytes, **_kw) -> None:
-        self.live.add_lines(lines)
 
     def _on_test_stop(self, environment, **_kw) -> None:
         # Listens after the plugin's test_stop: every worker's records have arrived and run.json holds the final
@@ -409,3 +401,11 @@ class LLMTab:
 
     def _report_download(self) -> Response:
         return self._snapshot("report", "report.html", "text/html")
+
+
+def register(environment, ctx) -> None:
+    """The LLM tab on the controller's web UI, fed by the record bus (none headless, none on a worker)."""
+    if getattr(environment, "web_ui", None) is None or not ctx.is_controller:
+        return
+    tab = LLMTab(environment, latest_samples=ctx.latest_samples)
+    ctx.bus.subscribe(tab.live.add_rows)

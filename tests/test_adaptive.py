@@ -10,7 +10,7 @@ import orjson
 import pandas as pd
 import pytest
 from vllm_loadtest.analysis import adaptive as a
-from vllm_loadtest.analysis.records import RequestRecord
+from vllm_loadtest.analysis.records import SCHEMA, RequestRecord, parse_lines
 from vllm_loadtest.analysis.uncertainty import min_samples_for_quantile
 from vllm_loadtest.locustfiles import options as options_mod
 
@@ -116,6 +116,11 @@ def test_stopping_at_check_points_keeps_the_intervals_honest():
     assert hits / runs >= 0.9, hits / runs
 
 
+def row(r: RequestRecord) -> dict:
+    """A record as the controller's record bus hands it on (locustfiles/recordbus.py)."""
+    return {name: getattr(r, name) for name in SCHEMA.names}
+
+
 def record(step=0, warmup=False, start=100.0, e2e=0.2, tokens=8, status="ok", ttft=0.05) -> RequestRecord:
     return RequestRecord("id", "w", step, 4, warmup, start, "completions", "m", status=status, ttft_s=ttft,
                          e2e_s=e2e, output_tokens=tokens, chunk_offsets_s=[0.05, 0.2], chunk_tokens=[1, 7])  # fmt: skip
@@ -123,15 +128,15 @@ def record(step=0, warmup=False, start=100.0, e2e=0.2, tokens=8, status="ok", tt
 
 def test_the_accumulator_keeps_every_completion_and_this_steps_measured_samples():
     acc = a.StepAccumulator()
-    acc.on_record(record())
+    acc.add_rows([row(record())])
     assert acc.ends == []  # inactive (a fixed --step-duration): nothing kept
     acc.active = True
     acc.reset(1)
-    acc.on_record(record(step=0))  # the last step's request, completed in this window: counts for the rate
-    acc.on_record(record(step=1, warmup=True))  # sent in the warm-up: not measured
-    acc.on_record(record(step=1, e2e=0.3))
-    acc.on_record(record(step=1, ttft=None))
-    acc.on_record(record(step=1, status="error", e2e=None, tokens=None))
+    acc.add_rows([row(record(step=0))])  # the last step's request, completed in this window: counts for the rate
+    acc.add_rows([row(record(step=1, warmup=True))])  # sent in the warm-up: not measured
+    acc.add_rows([row(record(step=1, e2e=0.3))])
+    acc.add_rows([row(record(step=1, ttft=None))])
+    acc.add_rows([row(record(step=1, status="error", e2e=None, tokens=None))])
     assert acc.ends == pytest.approx([100.2, 100.2, 100.3, 100.2]) and acc.tokens == [8, 8, 8, 8]
     assert acc.e2e == [0.3, 0.2] and acc.ttft_samples == 1
 
@@ -143,9 +148,9 @@ def test_the_accumulator_reads_a_workers_shipped_lines_as_the_records():
         acc.reset(1)
     records = [record(step=1, start=100 + i, e2e=0.1 * i, tokens=i) for i in range(1, 6)] + [record(step=0)]
     for r in records:
-        local.on_record(r)
+        local.add_rows([row(r)])
     lines = b"".join(orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in records)
-    shipped.on_lines(lines + b"not json\n")
+    shipped.add_rows(parse_lines(lines + b"not json\n"))
     assert (shipped.ends, shipped.tokens, shipped.e2e, shipped.ttft_samples) == (
         local.ends, local.tokens, local.e2e, local.ttft_samples,
     )  # fmt: skip
@@ -242,5 +247,5 @@ def test_a_shipped_line_whose_fields_follow_the_lists_is_read_whole():
     acc.reset(1)
     line = {"request_id": "x", "chunk_offsets_s": [0.01, 0.02], "step": 1, "warmup": False, "start_time": 5.0,
             "status": "ok", "e2e_s": 0.5, "output_tokens": 3, "ttft_s": 0.1}  # fmt: skip
-    acc.on_lines(orjson.dumps(line) + b"\n")
+    acc.add_rows(parse_lines(orjson.dumps(line) + b"\n"))
     assert acc.ends == [5.5] and acc.tokens == [3] and acc.ttft_samples == 1

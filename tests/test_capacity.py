@@ -34,6 +34,7 @@ from vllm_loadtest.analysis.capacity import (
     result,
     wilson_interval,
 )
+from vllm_loadtest.analysis.records import parse_lines
 from vllm_loadtest.analysis.slo import parse_slo
 from vllm_loadtest.analysis.uncertainty import Interval
 
@@ -471,7 +472,7 @@ def test_probe_records_keep_the_measured_requests_of_the_running_step():
         record(3, 101.2, status="error", error_type="http_500", e2e=None),
         *[record(3, 101.0 + i * 0.1) for i in range(40)],
     ]
-    live.on_lines(b"\n".join(orjson.dumps(r) for r in lines) + b"\nnot json\n")
+    live.add_rows(parse_lines(b"\n".join(orjson.dumps(r) for r in lines) + b"\nnot json\n"))
     assert len(live.rows) == 40 and live.failed == 1 and len(live.tokens) == 42
     probe = live.judge(5, 8.0, parse_slo("ttft_p95=100ms,error_rate=10%"), 101.0, 106.0)
     assert probe.probe == 5 and probe.step == 3 and probe.load == 8.0 and probe.requests == 41
@@ -484,7 +485,7 @@ def test_probe_records_keep_the_measured_requests_of_the_running_step():
 def test_probe_records_ignore_everything_when_inactive():
     live = ProbeRecords()
     live.reset(0)
-    live.on_lines(orjson.dumps(record(0, 1.0)))
+    live.add_rows(parse_lines(orjson.dumps(record(0, 1.0))))
     assert live.rows == [] and live.tokens == []
 
 

@@ -305,11 +305,12 @@ def test_a_step_that_slowed_halfway_is_unstable_on_inputs_per_s(tmp_path):
 
 def test_the_live_view_shows_inputs_per_s_prompt_tok_s_and_e2e_p95(tmp_path):
     from vllm_loadtest.analysis.live import LiveRecords, live_table
+    from vllm_loadtest.analysis.records import parse_lines
     from vllm_loadtest.locustfiles.webui import _row
 
     run_dir = write_embeddings_run(tmp_path, (1, 2))
     live = LiveRecords()
-    live.add_lines((run_dir / "records" / "local.jsonl").read_bytes())
+    live.add_rows(parse_lines((run_dir / "records" / "local.jsonl").read_bytes()))
     timeline = json.loads((run_dir / "run.json").read_text())["timeline"]
     timeline[-1]["end_time"] = None  # the last step still running
     table, whole = live_table(live.frame(), timeline, now=T0 + 2 * STEP_S)

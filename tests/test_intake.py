@@ -8,7 +8,8 @@ import random
 import orjson
 import pytest
 from vllm_loadtest.analysis.live import FIELDS, LiveRecords
-from vllm_loadtest.analysis.records import RequestRecord, without_lists
+from vllm_loadtest.analysis.records import RequestRecord, parse_lines, without_lists
+from vllm_loadtest.locustfiles.recordbus import RecordBus
 from vllm_loadtest.locustfiles.webui import REFRESH_MIN_S, refresh_hold_s
 
 pytestmark = pytest.mark.unit
@@ -68,9 +69,12 @@ def test_a_line_not_shaped_as_a_record_is_left_whole(line):
 def test_the_live_view_holds_the_same_rows_from_shipped_lines_as_from_the_records():
     records = [record(i) for i in range(50)] + [record(99, chunks=0, status="error", error_type="timeout")]
     from_lines, from_records = LiveRecords(), LiveRecords()
-    from_lines.add_lines(b"".join(orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in records))
+    shipped, local = RecordBus(), RecordBus()  # a master's bus (shipped lines) and a local runner's (records)
+    shipped.subscribe(from_lines.add_rows)
+    local.subscribe(from_records.add_rows)
+    shipped.on_lines(b"".join(orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in records))
     for r in records:
-        from_records.add_record(r)
+        local.on_record(r)
     a, b = from_lines.frame(), from_records.frame()
     assert list(a.columns) == list(FIELDS) and len(a) == len(records)
     assert a.equals(b)
@@ -90,7 +94,7 @@ def test_a_batch_is_read_line_by_line_blank_lines_and_a_last_line_without_newlin
     lines = [orjson.dumps(record(i)) for i in range(3)]
     batch = lines[0] + b"\n\n" + lines[1] + b"\n  \n" + lines[2]  # the last one without its newline
     live = LiveRecords()
-    live.add_lines(batch)
+    live.add_rows(parse_lines(batch))
     assert list(live.frame()["request_id"]) == ["id0", "id1", "id2"]
     start = len(lines[0]) + 2
     assert orjson.loads(without_lists(batch, start, start + len(lines[1]))) == without(orjson.loads(lines[1]))
