@@ -13,8 +13,6 @@ import base64
 import binascii
 from dataclasses import dataclass
 
-import orjson
-
 from . import error_body
 
 BAD_RESPONSE = "bad_response"  # a 200 embeddings body that breaks the contract (records' error_type)
@@ -59,23 +57,16 @@ def _vector_length(value: object, encoding_format: str) -> int | str:
 def parse_embeddings(body: bytes | bytearray, inputs: int, encoding_format: str = "float") -> EmbeddingAnswer:
     """Parse an embeddings body sent for `inputs` inputs: vectors = len(data) == inputs, dims = the common length,
     prompt_tokens = usage.prompt_tokens; the first broken rule found is the error."""
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        start = bytes(body[:60]).decode("utf-8", errors="replace")
-        return EmbeddingAnswer(error=f"the body is not JSON ({e}): {' '.join(start.split())!r}")
-    if not isinstance(obj, dict):
-        return EmbeddingAnswer(error=f"the body is a JSON {type(obj).__name__}, not an object")
+    obj, why = error_body.json_object(body)
+    if obj is None:
+        return EmbeddingAnswer(error=why)
     usage = obj.get("usage")
     prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
     if type(prompt_tokens) is not int or prompt_tokens < 0:
         prompt_tokens = None
     data = obj.get("data")
     if not isinstance(data, list):
-        if "error" in obj:  # an error object with HTTP 200 (a proxy, or a server that reports errors in the body)
-            message = error_body.message_of(obj) or str(obj["error"])[:200]
-            return EmbeddingAnswer(prompt_tokens=prompt_tokens, error=f"an error with HTTP 200: {message}")
-        return EmbeddingAnswer(prompt_tokens=prompt_tokens, error="the body has no data list")
+        return EmbeddingAnswer(prompt_tokens=prompt_tokens, error=error_body.error_with_200(obj, "data list"))
     vectors = len(data)
     if vectors != inputs:
         return EmbeddingAnswer(vectors, None, prompt_tokens, f"{vectors} embedding(s) for {inputs} input(s)")

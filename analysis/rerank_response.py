@@ -13,8 +13,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import orjson
-
 from . import error_body
 
 _NUMBERS = (float, int)
@@ -47,20 +45,13 @@ def _prompt_tokens(obj: dict) -> int | None:
 
 def parse_rerank(body: bytes | bytearray, documents: int, top_n: int = 0) -> RerankAnswer:
     """Parse a rerank body sent for `documents` documents asking `top_n`; the first broken rule is the error."""
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        start = bytes(body[:60]).decode("utf-8", errors="replace")
-        return RerankAnswer(error=f"the body is not JSON ({e}): {' '.join(start.split())!r}")
-    if not isinstance(obj, dict):
-        return RerankAnswer(error=f"the body is a JSON {type(obj).__name__}, not an object")
+    obj, why = error_body.json_object(body)
+    if obj is None:
+        return RerankAnswer(error=why)
     prompt_tokens = _prompt_tokens(obj)
     results = obj.get("results")
     if not isinstance(results, list):
-        if "error" in obj:  # an error object with HTTP 200 (a proxy, or a server that reports errors in the body)
-            message = error_body.message_of(obj) or str(obj["error"])[:200]
-            return RerankAnswer(prompt_tokens=prompt_tokens, error=f"an error with HTTP 200: {message}")
-        return RerankAnswer(prompt_tokens=prompt_tokens, error="the body has no results list")
+        return RerankAnswer(prompt_tokens=prompt_tokens, error=error_body.error_with_200(obj, "results list"))
     n, expected = len(results), expected_results(documents, top_n)
     if n != expected:
         asked = f" (top_n {top_n})" if expected < documents else ""
