@@ -513,45 +513,48 @@ def _emb_ci(
             for end, word in (("low", "Lower"), ("high", "Upper"))]  # fmt: skip
 
 
+def _item_rate(items: str, section: str, header: str, done: str, article: str) -> tuple[list[Column], list[Column]]:
+    """A batch kind's items/s column and its interval's, then its two halves (`stable` compares them: a batch run has
+    no output tokens, so its tok/s halves are empty): e.g. inputs_per_s for embeddings, documents_per_s for rerank."""
+    rate, unit, title = f"{items}_per_s", f"{items}/s", f"{items.capitalize()}/s"
+    means = _BATCH_MEANS.replace("tokens", items)
+    head = [
+        Column(rate, section, unit, f"{items.capitalize()} {done} per second: {items} of {_COMPLETED} / window_s; "
+               f"empty when no record carries {items} (not {article} {section} run).", f"sum({items}) / window_s",
+               label=title, header=header, fmt="num1", metric=rate),
+    ]  # fmt: skip
+    halves = [
+        Column(f"{rate}_{half}_half", section, unit, f"{title} over the {which} half of the step's measured window.",
+               f"{items} of the ok requests completed in {span} / (window_s / 2)", label=f"{title}, {short} half",
+               metric=rate)
+        for half, which, short, span in (("first", "first", "1st", "[measure_start, mid)"),
+                                         ("second", "second", "2nd", "[mid, end)"))
+    ]  # fmt: skip
+    return head, _emb_ci(rate, title, unit, "num1", means, rate, section) + halves
+
+
+_INPUTS, _INPUTS_TAIL = _item_rate("inputs", EMBEDDINGS, "inputs/s", "embedded", "an")
+_DOCUMENTS, _DOCUMENTS_TAIL = _item_rate("documents", RERANK, "docs/s", "ranked", "a")
+
 # steps.csv, embeddings (issue 19): last in steps.csv (analysis/embeddings.py). Written for every run; inputs_per_s
 # is empty outside an embeddings run, prompt_tok_s is a chat or completions run's prefill rate.
 EMBEDDINGS_COLUMNS = [
-    Column("inputs_per_s", EMBEDDINGS, "inputs/s", f"Inputs embedded per second: inputs of {_COMPLETED} / window_s; "
-           "empty when no record carries inputs (not an embeddings run).", "sum(inputs) / window_s",
-           label="Inputs/s", header="inputs/s", fmt="num1", metric="inputs_per_s"),
+    *_INPUTS,
     Column("prompt_tok_s", EMBEDDINGS, "tokens/s", f"Prompt tokens per second: the server's prompt_tokens of "
            f"{_COMPLETED} / window_s; empty when no record carries prompt_tokens.", "sum(prompt_tokens) / window_s",
            label="Prompt tok/s", header="prompt tok/s", fmt="num1", metric="prompt_tok_s"),
     *[Column(f"e2e_p{q}_s", EMBEDDINGS, "s", f"{q}th percentile of e2e_s over {_MEASURED}.", f"percentile(e2e_s, {q})",
              label=f"E2E p{q}", header=f"E2E p{q}" if q == 50 else f"p{q}", fmt="ms1", metric="e2e_s")
       for q in (50, 95, 99)],
-    *_emb_ci("inputs_per_s", "Inputs/s", "inputs/s", "num1", _BATCH_MEANS.replace("tokens", "inputs"), "inputs_per_s"),
+    *_INPUTS_TAIL[:2],  # the interval of inputs/s, then the shared columns' intervals, then its halves
     *_emb_ci("prompt_tok_s", "Prompt tok/s", "tokens/s", "num1", _BATCH_MEANS, "prompt_tok_s"),
     *[c for q in (50, 95, 99) for c in _emb_ci(f"e2e_p{q}_s", f"E2E p{q}", "s", "ms1", _E2E_ORDER_STATS, "e2e_s")],
-    # The halves `stable` compares in an embeddings run (its tok/s halves are empty: no output tokens).
-    Column("inputs_per_s_first_half", EMBEDDINGS, "inputs/s", "Inputs/s over the first half of the step's measured "
-           "window.", "inputs of the ok requests completed in [measure_start, mid) / (window_s / 2)",
-           label="Inputs/s, 1st half", metric="inputs_per_s"),
-    Column("inputs_per_s_second_half", EMBEDDINGS, "inputs/s", "Inputs/s over the second half of the step's measured "
-           "window.", "inputs of the ok requests completed in [mid, end) / (window_s / 2)",
-           label="Inputs/s, 2nd half", metric="inputs_per_s"),
+    *_INPUTS_TAIL[2:],
 ]  # fmt: skip
 
 # steps.csv, rerank (issue 33): after the embeddings section. documents_per_s is empty outside a rerank run; a rerank
 # run's prompt tok/s and E2E percentiles are the embeddings section's columns (they apply to any request kind).
-RERANK_COLUMNS = [
-    Column("documents_per_s", RERANK, "documents/s", f"Documents ranked per second: documents of {_COMPLETED} / "
-           "window_s; empty when no record carries documents (not a rerank run).", "sum(documents) / window_s",
-           label="Documents/s", header="docs/s", fmt="num1", metric="documents_per_s"),
-    *_emb_ci("documents_per_s", "Documents/s", "documents/s", "num1", _BATCH_MEANS.replace("tokens", "documents"),
-             "documents_per_s", RERANK),
-    Column("documents_per_s_first_half", RERANK, "documents/s", "Documents/s over the first half of the step's "
-           "measured window.", "documents of the ok requests completed in [measure_start, mid) / (window_s / 2)",
-           label="Documents/s, 1st half", metric="documents_per_s"),
-    Column("documents_per_s_second_half", RERANK, "documents/s", "Documents/s over the second half of the step's "
-           "measured window.", "documents of the ok requests completed in [mid, end) / (window_s / 2)",
-           label="Documents/s, 2nd half", metric="documents_per_s"),
-]  # fmt: skip
+RERANK_COLUMNS = [*_DOCUMENTS, *_DOCUMENTS_TAIL]
 
 # requests.parquet: one row per request, in analysis/records.py SCHEMA's order.
 _GPU_MEAN = "mean over the GPUs with samples in the window of each GPU's mean over its samples inside it"
