@@ -10,6 +10,7 @@ from argparse import Namespace
 
 import pytest
 from locust.argument_parser import LocustArgumentParser
+from vllm_loadtest.analysis import kinds
 from vllm_loadtest.locustfiles import declare, settings
 from vllm_loadtest.locustfiles.settings import SuiteOptions
 
@@ -80,3 +81,13 @@ def test_no_option_is_read_with_a_default_of_its_own():
         if pattern.search(line) and "web_base_path" not in line  # Locust's own option, absent from older Locusts
     ]
     assert not found, found
+
+
+def test_each_kinds_own_options_are_the_declared_ones():
+    # analysis/kinds.py names a kind's own options for the analysis (run.json's values, refused elsewhere); the
+    # load side declares them: the two must name the same flags and defaults.
+    actions = parser_actions()
+    own = [o for kind in kinds.KINDS.values() for o in kind.own_options]
+    assert own
+    for dest, flag, default in own:
+        assert actions[dest].option_strings == [flag] and actions[dest].default == default, dest
