@@ -4,8 +4,9 @@ the web UI's LLM tab, and the end of the run (computed by analysis.finish).
     from . import plugin
     plugin.install()          # in a locustfile: registers the arguments and calls register() at init
 
-The features each register here (`register`): the run directory and record writer, the step tracker and its
-load plans, the scraper, the self-check, the distributed ledger, the web UI's tab.
+The run context holds the run directory and record writer, the step tracker and its load plans, the self-check and
+the distributed ledger; the features in FEATURES register themselves on it (`register(environment, ctx)`), hooking
+into its phases (`ctx.run_events`) and adding their run.json sections (`ctx.sections`).
 
 Extension points: `environment.events.llm_request` fires once per finished request with `record=RequestRecord`
 (in the process that sent it); `environment.events.llm_worker_records` fires on the master with `lines=bytes`
@@ -19,6 +20,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import gevent
@@ -32,10 +34,19 @@ from ..analysis.diskio import WriteFailure
 from ..analysis.finish import Outcome, compute_run, finish_run
 from ..analysis.records import RECORDS_DIR, RecordWriter, RequestRecord, serialize
 from ..analysis.run import write_run
-from ..analysis.trace import ideal_prefix_hit_rate
-from ..analysis.trace import summary as trace_summary
-from . import diskspace, gate, recordbus, request_options, selfcheck, settings, startup, trace_run, webui
-from . import options as opts_mod
+from . import (
+    diskspace,
+    gate,
+    images,
+    recordbus,
+    request_options,
+    scraping,
+    selfcheck,
+    settings,
+    startup,
+    trace_run,
+    webui,
+)
 from .distributed import RECORDS_EVENT, RecordShipper, WorkerLedger, register_worker_stop
 from .exitcodes import EXIT_SETUP_ERROR, EXIT_WRITE_FAILED
 from .output import default_run_dir, unused_run_dir
@@ -49,7 +60,6 @@ from .preflight import (
     server_profile_entry,
 )
 from .resources import ProcessResources
-from .scraper import MetricsScraper
 from .shape import SuiteShape
 from .tracker import StepTracker
 
@@ -59,10 +69,21 @@ logger = logging.getLogger("vllm_loadtest")
 # The suite's own events (see the module docstring).
 SUITE_EVENTS = ("llm_request", RECORDS_EVENT)
 
-# The features that register themselves beside the run context, in this order (each `register(environment, ctx)`):
-# the record bus (the controller's one parse of every record), the exit code, the web UI's LLM tab (a bus
-# subscriber). Their options are declared in their modules and composed in settings.py.
-FEATURES = (recordbus, gate, webui)
+# The features that register themselves beside the run context, in this order (each `register(environment, ctx)`,
+# its return value kept in ctx.features under the module's name): the record bus (the controller's one parse of
+# every record), the exit code, the images' warm pool, the trace replay's summary, what every request carries, the
+# server's /metrics and GPU exporters, the web UI's LLM tab (a bus subscriber, reading the scraper's latest samples).
+# Their options are declared in their modules and composed in settings.py.
+FEATURES = (recordbus, gate, images, trace_run, request_options, scraping, webui)
+
+
+class RunEvents:
+    """A run's phases, for the features (Locust's EventHook): `started` once the run directory is known (options=),
+    `stopped` when the load has stopped and before the results are computed."""
+
+    def __init__(self) -> None:
+        self.started = EventHook()
+        self.stopped = EventHook()
 
 
 class RunContext:
@@ -80,7 +101,9 @@ class RunContext:
         self.writer: RecordWriter | None = None
         self.started_at: float | None = None
         self._generated_run_dir: str | None = None
-        self.scraper: MetricsScraper | None = None  # this run's, or the last run's once stopped
+        self.run_events = RunEvents()
+        self.sections: dict[str, Callable[[], object]] = {}  # run.json's sections the features add, by key
+        self.features: dict[str, object] = {}  # what each feature's register returned, by its module's name
         self.server_version: str | None = None
         self.shipper: RecordShipper | None = None
         self.workers: list[dict] = []
@@ -170,29 +193,14 @@ class RunContext:
         if self.ledger is not None:
             self.workers = []
             self.ledger.start(self.run_dir)
-        if self.generates_load and self.options.images:
-            try:  # --images: the process's base pool built now, before any request (~170 ms for 512x512 PNG)
-                self.resources.image_maker(options)
-            except ValueError:
-                pass  # refused before the run by check_options; the web UI's form says it again at the start
-        if self.is_controller and trace_run.active(options):
-            try:
-                trace = trace_run.load(options, self.resources.traces)
-                blocks = int(options.trace_block_tokens)
-                logger.info("Trace: %s", trace_summary(trace, blocks))
-                self.resources.trace_info = trace_run.info(trace, options, ideal=ideal_prefix_hit_rate(trace, blocks))
-            except ValueError:
-                self.resources.trace_info = None  # checked before the run: the users say it again
         if self.is_controller:
             self.server_version = None
+            logger.info("Run directory: %s", self.run_dir)
+        self.run_events.started.fire(options=options)
+        if self.is_controller:
             self._save_timeline(self.tracker.timeline)
             if options.host:
                 gevent.spawn(self._read_server_version, options.host)
-            logger.info("Run directory: %s", self.run_dir)
-            described = request_options.describe(options)
-            if described:
-                logger.info(described)
-            self._start_scraper(options)
             self.disk_watch = diskspace.DiskWatch(self.run_dir, diskspace.planned_seconds(options)).start()
 
     def _refuse_start(self, message: str) -> None:
@@ -275,8 +283,7 @@ class RunContext:
         if self.ledger is not None and self.ledger.run_dir is not None:
             # Workers still stream (the headless master stops itself first): let them finish and report.
             self.workers = self.ledger.finish(environment.stop_timeout or 0.0)
-        if self.scraper is not None:
-            self.scraper.stop()  # kept: its last scrape stays the server's latest numbers (latest_samples)
+        self.run_events.stopped.fire()
         if self.is_controller and self.run_dir is not None:
             self.tracker.end()
             self._save_timeline(self.tracker.timeline, finished=True)
@@ -319,31 +326,6 @@ class RunContext:
         state = self.tracker.state
         return state.users if state is not None else getattr(self.environment.runner, "target_user_count", None)
 
-    def latest_samples(self) -> list[tuple[str, dict, float]] | None:
-        """The server's latest scrape: this run's, or the last run's last one (None when not scraped)."""
-        return self.scraper.last_samples if self.scraper is not None else None
-
-    def _start_scraper(self, options) -> None:
-        self.scraper = None  # the last run's, if any: its numbers are not this run's
-        url = options.metrics_url or (f"{(options.host or '').rstrip('/')}/metrics" if options.host else "")
-        if not url or url == "off" or not servers.of_options(options).metrics:
-            url = ""  # --server-type openai: no /metrics, and no series the suite could name
-        gpu_urls = opts_mod.gpu_metrics_urls(options)  # checked before the run: valid here
-        if not url and not gpu_urls:
-            return
-        # With --model the scraper keeps only that model's samples; otherwise the analysis filters by the model
-        # the records name (a server serving several models labels each sample with its model_name).
-        server = servers.of_options(options).name
-        self.scraper = MetricsScraper(
-            url,
-            options.scrape_interval,
-            self.run_dir,
-            model=options.model or None,
-            server=server,
-            gpu_urls=gpu_urls,
-            warned=self.resources.gpu_unanswered,  # the preflight said so already: one warning per exporter
-        ).start()
-
     def _read_server_version(self, host: str) -> None:
         """vLLM's version from its /version endpoint, for the report's metadata; absent on other servers."""
         self.server_version = fetch_server_version(host, profile=servers.of_options(self.environment.parsed_options))
@@ -384,10 +366,9 @@ class RunContext:
             "server_version": self.server_version,
             "options": {k: getattr(typed, k) for k in settings.saved_names()},
             "server_profile": server_profile_entry(options),  # the server type used and how it was decided
-            "request_options": request_options.run_entry(options),  # what every request carried (None: nothing)
             # How this process built --dataset (tokenizer or estimates, items, notes); a master builds none.
             "dataset": self.resources.dataset_info or {"spec": typed.dataset},
-            "trace": self.resources.trace_info,  # --trace: the file, its format, the slice, speed and rows replayed
+            **{key: section() for key, section in self.sections.items()},
             "timeline": timeline,
             "workers": self.workers,
         }
@@ -415,7 +396,7 @@ def register(environment, built: Built | None = None) -> RunContext:
     # After the run context's listeners: the tab's test_start reads the run directory the context resolved, and
     # its test_stop comes once the run is finished.
     for feature in FEATURES:
-        feature.register(environment, ctx)
+        ctx.features[feature.__name__.rsplit(".", 1)[-1]] = feature.register(environment, ctx)
     return ctx
 
 

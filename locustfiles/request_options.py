@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,8 @@ from typing import ClassVar
 
 from ..analysis import kinds
 from .declare import option
+
+logger = logging.getLogger("vllm_loadtest")
 
 
 @dataclass(frozen=True)
@@ -417,3 +420,17 @@ def describe(options) -> str | None:
     if entry["extra_body"]:
         parts.append(f"extra body fields {', '.join(entry['extra_body'])}")
     return "Request options: " + "; ".join(parts) if parts else None
+
+
+def register(environment, ctx) -> None:
+    """run.json's `request_options` section, and its one console line as the run starts (the controller's)."""
+    ctx.sections["request_options"] = lambda: run_entry(environment.parsed_options)
+    if not ctx.is_controller:
+        return
+
+    def on_started(options, **_kw) -> None:
+        described = describe(options)
+        if described:
+            logger.info(described)
+
+    ctx.run_events.started.add_listener(on_started)

@@ -28,7 +28,8 @@ import gevent
 import numpy as np
 from gevent.event import Event
 
-from ..analysis.trace import Trace, TraceError, load_trace
+from ..analysis.trace import Trace, TraceError, ideal_prefix_hit_rate, load_trace
+from ..analysis.trace import summary as trace_summary
 from . import options as opts_mod
 from . import request_options
 from .declare import option
@@ -363,3 +364,24 @@ def preflight(
     a one-line fix."""
     load(options, traces)
     return None if load_only else build_replay(options, host, model, api_key, traces)
+
+
+def register(environment, ctx) -> None:
+    """run.json's `trace` section (the file, its format, the slice, speed and rows replayed: ProcessResources keeps
+    it), first written by the controller as the run starts, from the trace read once here."""
+    ctx.sections["trace"] = lambda: ctx.resources.trace_info
+    if not ctx.is_controller:
+        return
+
+    def on_started(options, **_kw) -> None:
+        if not active(options):
+            return
+        try:
+            trace = load(options, ctx.resources.traces)
+            blocks = int(options.trace_block_tokens)
+            logger.info("Trace: %s", trace_summary(trace, blocks))
+            ctx.resources.trace_info = info(trace, options, ideal=ideal_prefix_hit_rate(trace, blocks))
+        except ValueError:
+            ctx.resources.trace_info = None  # checked before the run: the users say it again
+
+    ctx.run_events.started.add_listener(on_started)

@@ -407,5 +407,6 @@ def register(environment, ctx) -> None:
     """The LLM tab on the controller's web UI, fed by the record bus (none headless, none on a worker)."""
     if getattr(environment, "web_ui", None) is None or not ctx.is_controller:
         return
-    tab = LLMTab(environment, latest_samples=ctx.latest_samples)
+    scraping = ctx.features.get("scraping")  # None: nothing is scraped (a scraper's samples also None until one)
+    tab = LLMTab(environment, latest_samples=scraping.latest_samples if scraping is not None else lambda: None)
     ctx.bus.subscribe(tab.live.add_rows)
