@@ -183,7 +183,7 @@ def reasons(row: pd.Series) -> str:
 def format_generator(table: pd.DataFrame) -> list[str]:
     """The console's self-check section: per step, lag (ms), CPU, achieved users and the verdict; [] without
     samples."""
-    if "generator_bound" not in table.columns or not table["generator_processes"].notna().any():
+    if not glossary.applies(table, glossary.GENERATOR):
         return []
     out = ["", *glossary.console_table(table, glossary.GENERATOR)]
     bound = bound_steps(table)

@@ -44,15 +44,6 @@ def reasoning_row(ok: pd.DataFrame) -> dict:
     return {name: row[name] for name in REASONING_COLUMNS}
 
 
-def shown(table: pd.DataFrame) -> bool:
-    """Whether a request of the table reasoned or called a tool: the console and the report show the section then
-    only, so a run without either looks as before."""
-    for name in ("reasoning_tokens_mean", "tool_call_requests"):
-        if name in table.columns and (pd.to_numeric(table[name], errors="coerce") > 0).any():
-            return True
-    return False
-
-
 def _ttfo_few(row: dict, q: float) -> bool:
     """Too few requests for the TTFO percentile's interval (never-answered ones count: they are samples)."""
     n = row.get("requests")
@@ -62,7 +53,7 @@ def _ttfo_few(row: dict, q: float) -> bool:
 def console_lines(table: pd.DataFrame) -> list[str]:
     """The console's "Reasoning" table (TTFT and TTFO side by side, the reasoning share, the requests without an
     answer token) and a line per step without an answer token in some requests; nothing when nothing reasoned."""
-    if not len(table) or not shown(table):
+    if not len(table) or not glossary.applies(table, glossary.REASONING):
         return []
     section = glossary.SECTIONS[glossary.REASONING]
     names = [c.name for c, _ in section.shown()]

@@ -370,15 +370,6 @@ CONSOLE = (
 _BOUNDS = {"gpu_sm_active_mean": "gpu_sm_active", "gpu_dram_active_mean": "gpu_dram_active"}
 
 
-def shown(table: pd.DataFrame) -> bool:
-    """Whether any step saw a GPU (gpus > 0, or a verdict written): the console's GPU table and the report's GPU
-    section appear only then."""
-    if "gpus" in table.columns and bool((pd.to_numeric(table["gpus"], errors="coerce") > 0).any()):
-        return True
-    cells = [v for c in VERDICT_COLUMNS if c in table.columns for v in table[c]]
-    return any(v is not None and v != "" and not (isinstance(v, float) and math.isnan(v)) for v in cells)
-
-
 def _cell(row: dict, name: str, fmt: str) -> str:
     value = row.get(name)
     if fmt == "gib1":
@@ -398,7 +389,7 @@ def _cell(row: dict, name: str, fmt: str) -> str:
 def console_lines(table: pd.DataFrame) -> list[str]:
     """The console's "GPU" table (step, users, gpus, util, SM, DRAM, mem max GiB, power W, regime); nothing when no
     step saw a GPU."""
-    if not len(table) or not shown(table):
+    if not len(table) or not glossary.applies(table, glossary.GPU):
         return []
     rows = [[header for _, header, _ in CONSOLE]]
     for r in table.to_dict(orient="records"):

@@ -360,7 +360,7 @@ def format_table(table: pd.DataFrame) -> str:
         out = [batch[0], *glossary.aligned([e + m for e, m in zip(marked_rows(table), marks)])]
     else:
         out = [glossary.SECTIONS[glossary.STEP].title, *glossary.aligned(rows)]
-    if "kv_cache_usage_max" in table.columns and table["kv_cache_usage_max"].notna().any():
+    if glossary.applies(table, glossary.SERVER):
         out += ["", *glossary.console_table(table, glossary.SERVER)]
     out += format_generator(table)
     out += format_open_loop(table)

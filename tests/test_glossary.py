@@ -55,3 +55,32 @@ def test_docs_define_every_glossary_metric_with_the_same_words():
         assert metric.definition in page, f"docs/metrics.md's definition of {metric.name} differs from the glossary"
     assert g.markdown_table() in page, f"regenerate docs/metrics.md with `{g.DOCS_COMMAND}`"
     assert "docs/metrics.md" in ROOT.joinpath("README.md").read_text(encoding="utf-8")
+
+
+def test_a_section_applies_when_a_column_declared_to_show_it_has_a_value():
+    import pandas as pd
+
+    marked = sorted({c.section for c in g.COLUMNS.values() if c.shows is not None})
+    assert marked == sorted([g.SERVER, g.GENERATOR, g.REASONING, g.GPU])
+    for section in marked:
+        empty = pd.DataFrame({c.name: [math.nan, math.nan] for c in g.columns(section)})
+        assert not g.applies(empty, section), section
+        assert not g.applies(pd.DataFrame({"step": [0]}), section), section  # a steps.csv from before it existed
+        for c in (c for c in g.columns(section) if c.shows is not None):
+            value = "memory_bound" if c.unit == "text" else 3
+            assert g.applies(empty.assign(**{c.name: [math.nan, value]}), section), c.name
+            if c.shows == "positive":  # a count of 0 (nothing reasoned, no GPU) does not show it
+                assert not g.applies(empty.assign(**{c.name: [0, 0]}), section), c.name
+    assert g.applies(pd.DataFrame({"step": [0]}), g.STEP)  # declares none: always
+
+
+def test_a_column_refuses_an_unknown_applicability():
+    with pytest.raises(ValueError, match="shows must be one of"):
+        g.Column("x", g.STEP, "s", "x", shows="sometimes")
+
+
+def test_the_reports_optional_parts_are_sections_that_declare_where_they_apply():
+    from vllm_loadtest.analysis.report.page import OPTIONAL_PARTS
+
+    for section, _ in OPTIONAL_PARTS:
+        assert any(c.shows for c in g.columns(section)), section

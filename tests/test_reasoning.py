@@ -20,7 +20,7 @@ from vllm_loadtest.analysis import glossary as g
 from vllm_loadtest.analysis.batch import BATCH_COLUMNS
 from vllm_loadtest.analysis.capacity import FAIL, PASS, UNCERTAIN, check, objective_interval
 from vllm_loadtest.analysis.gpu import GPU_COLUMNS
-from vllm_loadtest.analysis.reasoning import REASONING_COLUMNS, console_lines, reasoning_row, shown
+from vllm_loadtest.analysis.reasoning import REASONING_COLUMNS, console_lines, reasoning_row
 from vllm_loadtest.analysis.report import TTFT_TTFO, reasoning_html
 from vllm_loadtest.analysis.run import compute_table
 from vllm_loadtest.analysis.slo import judge_steps, parse_slo, verdict, verdict_lines
@@ -271,17 +271,17 @@ def test_the_reasoning_columns_with_known_values():
 
 def test_the_console_and_the_report_show_reasoning_only_when_something_reasoned():
     plain = step_table(pd.DataFrame(records(30, lambda i: 0.05, lambda i: 0)), TIMELINE)
-    assert not shown(plain) and console_lines(plain) == [] and reasoning_html(plain) == ""
+    assert not g.applies(plain, g.REASONING) and console_lines(plain) == [] and reasoning_html(plain) == ""
     assert "Reasoning" not in format_table(plain) and "TTFO" not in format_table(plain)
     assert plain.iloc[0]["ttfo_p50_s"] == plain.iloc[0]["ttft_p50_s"]  # written all the same: TTFO = TTFT
     old = plain.drop(columns=REASONING_COLUMNS)  # a steps.csv from before: nothing shown, no error
-    assert not shown(old) and console_lines(old) == []
+    assert not g.applies(old, g.REASONING) and console_lines(old) == []
 
     rows = records(30, lambda i: None if i == 29 else 1.0 + 0.01 * i, lambda i: 24 if i == 29 else 12, output=24)
     table = step_table(pd.DataFrame(rows), TIMELINE)
     text = format_table(table)
     lines = console_lines(table)
-    assert shown(table) and text.endswith("\n".join(lines[1:]))
+    assert g.applies(table, g.REASONING) and text.endswith("\n".join(lines[1:]))
     head = lines[2].split()
     assert head[: head.index("reasoning")] == ["step", "users", "Requests", "ok", "TTFT", "p50", "TTFO", "p50",
                                                "TTFT", "p95", "TTFO", "p95", "TTFT", "p99", "TTFO", "p99"]  # fmt: skip
@@ -320,7 +320,7 @@ def test_the_web_ui_row_shows_ttfo_beside_ttft_and_no_answer():
 def test_tool_calls_alone_show_the_section_too():
     rows = records(20, lambda i: 0.05, lambda i: 0, tools=5)
     table = step_table(pd.DataFrame(rows), TIMELINE)
-    assert table.iloc[0]["tool_call_requests"] == 20 and shown(table)
+    assert table.iloc[0]["tool_call_requests"] == 20 and g.applies(table, g.REASONING)
 
 
 # --- the SLO gate ------------------------------------------------------------------------------------------------

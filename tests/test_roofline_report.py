@@ -118,13 +118,13 @@ def test_the_report_draws_each_gpu_and_hides_the_gpu_columns_without_one():
     t = table()
     outcome = SimpleNamespace(
         gpu_samples=series(), gpu_verdicts=step_verdicts(series(), TIMELINE), table=t, run={"timeline": TIMELINE},
-        run_dir=Path("run"),
+        run_dir=Path("run"), records=pd.DataFrame({"start_time": [100.0, 130.0]}),
     )  # fmt: skip
-    text = gpu_html(outcome, 100.0)
+    text = gpu_html(outcome)  # the Timeline's origin: the first request's start (100.0)
     assert text.startswith("<h2>GPUs</h2>") and "plotly" in text
     assert text.count("<td>node-1/0</td>") == len(USERS) and "memory_bound" in text
     assert "seconds since the run started" in text  # the Timeline's x axis
-    assert gpu_html(SimpleNamespace(**{**vars(outcome), "gpu_samples": roofline.empty_series()}), 100.0) == ""
+    assert gpu_html(SimpleNamespace(**{**vars(outcome), "gpu_samples": roofline.empty_series()})) == ""
     assert "GPU regime" in table_html(t)
     plain = table_html(table(gpu=False).assign(**dict.fromkeys(roofline.VERDICT_COLUMNS, None)))
     assert "GPU regime" not in plain and "DRAM active CI" not in plain

@@ -72,6 +72,7 @@ from .registry import (  # noqa: F401
     COLUMNS,
     STEP_TABLE,
     WEB_UI,
+    applies,
     columns,
     names,
     step_values,

@@ -44,6 +44,7 @@ TURNS = "turns"  # turns.csv: one row per turn of the conversations (--turns), w
 # whole percentage, num2 = 2 decimals, int = a count, g = as short as exact, flag = the column's word when true /
 # ok when false, pass = ok when true / the column's word when false (a check that passes), text = as is. Missing
 # values always show as "-", never 0.
+SHOWS = {"value": "has a value in some step", "positive": "is above 0 in some step"}
 FORMAT = re.compile(r"^(ms|pct|num|int|g|flag|pass|text)(\d*)$")
 FORMAT_WORDS = {
     "ms": "ms, {d} decimal{s}",
@@ -90,11 +91,15 @@ class Column:
     bounds: tuple[str, str] | None = None
     compute: Callable[[StepData], object] | None = field(default=None, compare=False, repr=False)
     inf_text: str | None = None  # how +inf reads (a TTFO percentile reached by requests never answered)
+    # Where its section applies (glossary.applies): "value", any step with a value here; "positive", above 0.
+    shows: str | None = None
 
     def __post_init__(self) -> None:
         for fmt in (self.fmt, self.web_fmt):
             if fmt is not None and not FORMAT.match(fmt):
                 raise ValueError(f"column {self.name}: unknown format {fmt!r}")
+        if self.shows not in (None, *SHOWS):
+            raise ValueError(f"column {self.name}: shows must be one of {', '.join(SHOWS)}, not {self.shows!r}")
 
     @property
     def title(self) -> str:
@@ -117,7 +122,7 @@ class Column:
         ("< 300", "100-250", "> 10000" in ms)."""
         if self.bounds is not None:
             low, high = (row.get(name) for name in self.bounds)
-            if not _missing(low):
+            if not is_missing(low):
                 return from_columns(math.nan, low, high, row.get(self.name)).text(unit="")
         return self.show(row.get(self.name), web)
 
@@ -129,7 +134,7 @@ class Column:
         return self.name[:-2] + "_ms" if self.fmt.startswith("ms") and self.name.endswith("_s") else self.name
 
 
-def _missing(value: object) -> bool:
+def is_missing(value: object) -> bool:
     if value is None:
         return True
     try:
@@ -141,7 +146,7 @@ def _missing(value: object) -> bool:
 def format_value(value: object, fmt: str, flag: str | None = None) -> str:
     """A value as text: ms1 = v * 1000 with 1 decimal, pct0 = v * 100 % with none, num2 = 2 decimals, int = a count;
     missing = "-"."""
-    if _missing(value):
+    if is_missing(value):
         return "-"
     kind, digits = FORMAT.match(fmt).groups()
     d = int(digits or 0)
@@ -277,7 +282,7 @@ SERVER_COLUMNS = [
            header="KV cache mean", fmt="pct0", metric="kv_cache_usage"),
     Column("kv_cache_usage_max", SERVER, "fraction", f"Max KV-cache usage {_WINDOW}.",
            "max of vllm:kv_cache_usage_perc over the scrapes inside the window", label="KV cache max",
-           header="max", fmt="pct0", metric="kv_cache_usage"),
+           header="max", fmt="pct0", metric="kv_cache_usage", shows="value"),
     Column("running_mean", SERVER, "requests", f"Mean of the requests in vLLM's running batch {_WINDOW}.",
            "mean of vllm:num_requests_running", label="Running mean", header="running mean", metric="running"),
     Column("running_max", SERVER, "requests", f"Max of the requests in vLLM's running batch {_WINDOW}.",
@@ -320,7 +325,7 @@ _PROCESSES = "over the load-generating processes, of the samples inside the step
 GENERATOR_COLUMNS = [
     Column("generator_processes", GENERATOR, "processes", "Load-generating processes with self-check samples in "
            "the window.", "count of distinct workers", label="Load processes", header="processes", fmt="int",
-           metric="generator_processes"),
+           metric="generator_processes", shows="value"),
     Column("generator_lag_p50_s", GENERATOR, "s", "Event-loop lag, the worst process's median.",
            f"max {_PROCESSES}, of each process's percentile(lag_s, 50)", label="Generator lag p50",
            header="lag p50", fmt="ms1", metric="generator_lag"),
@@ -476,7 +481,7 @@ REASONING_COLUMNS = [
     *_ttfo_percentiles(),
     Column("reasoning_tokens_mean", REASONING, "tokens", f"Mean reasoning tokens per request of {_MEASURED}.",
            "mean(reasoning_tokens)", label="Reasoning tokens mean", header="reasoning tok", fmt="num0",
-           metric="reasoning_tokens"),
+           metric="reasoning_tokens", shows="positive"),
     Column("reasoning_share", REASONING, "fraction", f"Share of the output tokens of {_MEASURED} that were "
            "reasoning.", "sum(reasoning_tokens) / sum(output_tokens)", label="Reasoning share",
            header="reasoning share", fmt="pct0", metric="reasoning_share"),
@@ -488,7 +493,8 @@ REASONING_COLUMNS = [
            "count of ttfo_s missing with reasoning_tokens known; empty for records without them", label="No answer",
            header="no answer", fmt="int", metric="ttfo_s"),
     Column("tool_call_requests", REASONING, "requests", f"How many of {_MEASURED} streamed a tool call.",
-           "count of tool_call_chunks > 0", label="Tool-call requests", header="tool calls", fmt="int"),
+           "count of tool_call_chunks > 0", label="Tool-call requests", header="tool calls", fmt="int",
+           shows="positive"),
     *[c for name in ("ttfo_p50_s", "ttfo_p95_s", "ttfo_p99_s")
       for c in (Column(f"{name}_ci_{end}", REASONING, "s", f"{word} bound of the {CI} of {name}.",
                        "order statistics [x_(l), x_(u)] of the raw values, a request never answered +inf (so a bound "
@@ -568,7 +574,8 @@ GPU_COLUMNS = [
     Column("window_end_time", GPU, "Unix s", "End of the step's measured window, in Unix seconds; empty while the "
            "step runs.", "end_time", label="Window end (Unix s)", fmt="num3"),
     Column("gpus", GPU, "GPUs", "GPUs with DCGM samples inside the window, over every --gpu-metrics-url; empty without "
-           "GPU telemetry.", "count of distinct gpu_key (<Hostname>/<gpu>)", label="GPUs", header="gpus", fmt="int"),
+           "GPU telemetry.", "count of distinct gpu_key (<Hostname>/<gpu>)", label="GPUs", header="gpus", fmt="int",
+           shows="positive"),
     Column("gpu_util_mean", GPU, "fraction", "Mean GPU utilization (time a kernel ran) in the window.",
            f"{_GPU_MEAN}, of DCGM_FI_DEV_GPU_UTIL / 100", label="GPU util", header="util", fmt="pct0",
            metric="gpu_util"),

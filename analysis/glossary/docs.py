@@ -15,6 +15,7 @@ from .columns import (
     RERANK,
     SERVER,
     SERVER_BOUNDS,
+    SHOWS,
     STEP,
     STEP_END,
     TURNS,
@@ -145,6 +146,14 @@ def docs_markdown() -> str:
     ]
     for section, heading, intro in _DOCS_SECTIONS:
         out += ["", f"## {heading}", "", intro, ""]
+        marks = [f"`{c.name}` {SHOWS[c.shows]}" for c in columns(section) if c.shows is not None]
+        if marks:
+            when = " or ".join(marks)
+            out += [
+                f"Applies to a run when {when}; otherwise its console table, its report section (if any) and its "
+                "empty columns in the report's step table are left out.",
+                "",
+            ]
         if section == REQUESTS:
             out += ["| column | unit | meaning | formula | metric |", "|---|---|---|---|---|"]
             out += [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pandas as pd
+
 from ..thresholds import (
     DRAM_ACTIVE_HIGH,
     GPU_ACTIVE_LOW,
@@ -37,6 +39,7 @@ from .columns import (
     UNCERTAINTY_COLUMNS,
     Column,
     StepData,
+    is_missing,
 )
 
 _REQUEST_COLUMNS = [
@@ -201,7 +204,7 @@ _GPU_VERDICT_COLUMNS = [
            f"{DRAM_ACTIVE_HIGH} and SM CI high < {SM_ACTIVE_SATURATED}; compute_bound when SM CI low >= "
            f"{SM_ACTIVE_SATURATED} and DRAM CI high < {DRAM_ACTIVE_HIGH}; neither when DRAM CI high < "
            f"{DRAM_ACTIVE_HIGH} and SM CI high < {GPU_ACTIVE_LOW}; else empty", label="GPU regime",
-           header="regime", fmt="text"),
+           header="regime", fmt="text", shows="value"),
     *[Column(f"gpu_{name}_active_ci_{end}", GPU, "fraction", f"{word} bound of the {CI} of the mean {what} "
              f"activity over {_GPU_READINGS}.", _GPU_CI, label=f"{label} active CI {end}", fmt="num2")
       for name, what, label in (("dram", "DRAM", "DRAM"), ("sm", "SM", "SM"))
@@ -261,6 +264,22 @@ WEB_UI = [
 def columns(section: str) -> list[Column]:
     """The columns of one section, in the order they are written."""
     return [c for c in COLUMNS.values() if c.section == section]
+
+
+def applies(table: pd.DataFrame, section: str) -> bool:
+    """Whether a section that only some runs have applies to this step table: a column declared to show it
+    (Column.shows) has a value, or a count above 0 (a GPU seen, a request that reasoned). Its console table, its report
+    part and its columns in the report's step table appear only then. A section that declares none always applies."""
+    marks = [c for c in columns(section) if c.shows is not None and c.name in table.columns]
+    if not marks and not any(c.shows for c in columns(section)):
+        return True
+    for c in marks:
+        cells = table[c.name]
+        if c.shows == "positive" and bool((pd.to_numeric(cells, errors="coerce") > 0).any()):
+            return True
+        if c.shows == "value" and any(not is_missing(v) and v != "" for v in cells):
+            return True
+    return False
 
 
 def names(section: str) -> list[str]:

@@ -14,7 +14,6 @@ from plotly.subplots import make_subplots
 from .. import glossary
 from ..generator import flagged
 from ..kinds import RequestKind
-from ..reasoning import shown as reasoning_shown
 from ..schedule import is_rate_run
 from ..steps import unstable
 
@@ -177,7 +176,7 @@ def latency_figure(tables: dict[str, pd.DataFrame]) -> go.Figure:
                 row=1,
                 col=1,
             )
-        if reasoning_shown(t):
+        if glossary.applies(t, glossary.REASONING):
             # A reasoning model: TTFO (the first answer token) beside TTFT (the first token, thinking included).
             for q in (50, 95, 99):
                 fig.add_trace(
@@ -253,7 +252,7 @@ def _reasoning_figure(t: pd.DataFrame, x: str) -> go.Figure:
 def reasoning_html(table: pd.DataFrame) -> str:
     """A reasoning (or tool-calling) run's section: what TTFO is against TTFT, the steps with requests that never
     got an answer token, and the chart; empty when no request reasoned or called a tool."""
-    if not reasoning_shown(table):
+    if not glossary.applies(table, glossary.REASONING):
         return ""
     notes = []
     for r in table.to_dict(orient="records"):

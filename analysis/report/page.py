@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,8 +15,7 @@ from .. import __version__ as SUITE_VERSION
 from ..batch import table_kind
 from ..diagnosis import utc
 from ..generator import flagged
-from ..glossary import GLOSSARY, GPU, STEP_TABLE, Column, columns, format_value
-from ..roofline import shown as gpu_shown
+from ..glossary import GLOSSARY, GPU, REASONING, STEP_TABLE, Column, applies, columns, format_value
 from ..run import STEPS_FILE
 from ..schedule import flagged as schedule_flagged
 from ..server_metrics import server_info
@@ -29,6 +29,13 @@ from .charts import MISMATCH_LI, batch_curve, batching_curve, latency_figure, re
 from .distributions import arrivals_html, cdf_figure, turns_html, workload_html
 from .timeline import generator_figure, gpu_html, timeline_figure
 from .verdicts import capacity_html, ceiling_html, generator_html, slo_html
+
+# The report's parts of the sections only some runs have, after the charts in this order: each shown when its section
+# applies to the run (glossary.applies, from the columns declared to show it).
+OPTIONAL_PARTS: tuple[tuple[str, Callable[[Outcome], str]], ...] = (
+    (REASONING, lambda outcome: reasoning_html(outcome.table)),
+    (GPU, gpu_html),
+)
 
 
 def _step_cell(column: Column | None, value: object) -> str:
@@ -45,9 +52,11 @@ def table_html(table: pd.DataFrame) -> str:
     names = list(table.columns)
     if table_kind(table) is not None:
         names = [n for n in names if n in ("step", "users") or table[n].notna().any()]
-    if not gpu_shown(table):  # no GPU seen: its empty columns left out (the window times stay: any run has them)
-        hidden = {c.name for c in columns(GPU)} - {"window_start_time", "window_end_time"}
-        names = [n for n in names if n not in hidden]
+    # A section that does not apply to this run (glossary.applies: no GPU seen, ...): its columns without a value left
+    # out (the GPU section's window times stay: any run has them).
+    absent = {c.section for c in STEP_TABLE.values() if c.shows is not None and not applies(table, c.section)}
+    hidden = {c.name for s in absent for c in columns(s) if c.name in table.columns and table[c.name].isna().all()}
+    names = [n for n in names if n not in hidden]
     shown = [(name, STEP_TABLE.get(name)) for name in names]
     head = "".join(
         f"<th title='{html.escape(c.meaning if c else str(name))}'>{html.escape(c.title if c else str(name))}</th>"
@@ -176,12 +185,10 @@ def build_report(outcome: Outcome, compare: list[Path] | None = None) -> str:
         ceiling_html(outcome.ceiling),
         workload_html(run, table),
         turns_html(outcome.turns),
-        reasoning_html(table),
         _compare_html(outcome.comparisons),
     ]
     parts += [f.to_html(full_html=False, include_plotlyjs=False) for f in figures]
-    gpu_t0 = records["start_time"].min() if len(records) else 0.0  # the Timeline's origin
-    parts.append(gpu_html(outcome, float(gpu_t0)))
+    parts += [part(outcome) for section, part in OPTIONAL_PARTS if applies(table, section)]
     parts.append(arrivals_html(outcome.arrivals))
     parts += ["<h2>Per-step table</h2>", table_html(table)]
     if len(errors):

@@ -17,7 +17,6 @@ from ..glossary import format_value
 from ..kinds import RequestKind
 from ..records import single_model
 from ..roofline import ratio_text
-from ..roofline import shown as gpu_shown
 from ..server_metrics import KV_CACHE, RUNNING, WAITING, ServerSeries
 from ..thresholds import DRAM_ACTIVE_HIGH, GPU_ACTIVE_LOW, SM_ACTIVE_SATURATED
 
@@ -179,11 +178,13 @@ def _gpu_figure(samples: pd.DataFrame, timeline: list[dict], t0: float) -> go.Fi
     return fig
 
 
-def gpu_html(outcome: Outcome, t0: float) -> str:
+def gpu_html(outcome: Outcome) -> str:
     """The GPU section, only when a step saw a GPU: each GPU's series on the run's time axis and its verdict per step
     (as analysis.roofline computed it in finish)."""
+    records = outcome.records
+    t0 = float(records["start_time"].min()) if len(records) else 0.0  # the Timeline's origin
     samples = outcome.gpu_samples
-    if samples is None or not len(samples) or not gpu_shown(outcome.table):
+    if samples is None or not len(samples) or not glossary.applies(outcome.table, glossary.GPU):
         return ""
     users = {int(r["step"]): r["users"] for r in outcome.table.to_dict(orient="records")
              if str(r["step"]).lstrip("-").isdigit()}  # fmt: skip
