@@ -28,8 +28,8 @@ import pandas as pd
 from scipy import stats
 
 from .adaptive import MAX_DURATION, RUN_STOPPED
-from .glossary import percentile_never, ttfo_values
-from .slo import STATISTICS, Objective, parse_slo
+from .glossary import percentile_never
+from .slo import STATISTICS, Objective, parse_slo, request_values
 from .sse import CUT_OFF
 from .thresholds import KNEE_GAIN
 from .uncertainty import CONFIDENCE, Interval, batch_count, quantile_interval, rate_interval, t_interval
@@ -136,10 +136,8 @@ def objective_interval(o: Objective, ok: pd.DataFrame, failed: int, itl: np.ndar
         return wilson_interval(failed, len(ok) + failed)
     if o.metric == "itl":
         values = itl if itl is not None else np.array([], dtype=float)
-    elif o.metric == "ttfo":
-        values = ttfo_values(ok)  # +inf: no answer token, never answered (the interval's bounds reach it too)
     else:
-        values = pd.to_numeric(ok[f"{o.metric}_s"], errors="coerce").to_numpy(dtype=float)
+        values = request_values(ok, o.metric)  # TTFO: +inf never answered (the interval's bounds reach it too)
     q = STATISTICS[o.statistic]
     if q is None:
         return t_interval(values)

@@ -20,10 +20,12 @@ import pandas as pd
 
 from . import kinds
 from .batch import table_kind
-from .glossary import STEP_TABLE, percentile, percentile_never, ttfo_values
+from .glossary import GLOSSARY, STEP_TABLE, Metric, numeric_column, percentile, percentile_never
 from .steps import itl_samples, measured_masks
 
-METRICS = ("ttft", "ttfo", "tpot", "itl", "e2e")
+# The metrics objectives can be set on, by their --slo name, as the glossary declares them (Metric.objective).
+OBJECTIVES: dict[str, Metric] = {m.objective: m for m in GLOSSARY.values() if m.objective}
+METRICS = tuple(OBJECTIVES)
 STATISTICS = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "mean": None}
 _VALUE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|%)?\s*$")
 EXAMPLE = "ttft_p95=500ms,tpot_p95=50ms,e2e_p99=20s,error_rate=1%"
@@ -85,7 +87,7 @@ def parse_slo(spec: str) -> list[Objective]:
 
 
 # What a request that does not stream has no value of: no first token, no token gaps.
-STREAMING_ONLY = ("ttft", "ttfo", "tpot", "itl")
+STREAMING_ONLY = tuple(name for name, m in OBJECTIVES.items() if m.streaming)
 
 
 def check_endpoint(objectives: list[Objective], endpoint: str) -> None:
@@ -115,11 +117,10 @@ def _statistic(values: np.ndarray, statistic: str) -> float:
 
 
 def request_values(ok: pd.DataFrame, metric: str) -> np.ndarray:
-    """Per ok request, its value of a per-request metric (ttft, ttfo, tpot, e2e) in seconds; ttfo: +inf without an
-    answer token (glossary.ttfo_values); NaN where missing."""
-    if metric == "ttfo":
-        return ttfo_values(ok)
-    return ok[f"{metric}_s"].to_numpy(dtype=float)
+    """Per ok request, its value of a per-request metric (ttft, ttfo, tpot, e2e) in seconds, as the glossary
+    declares it (ttfo: +inf without an answer token); NaN where missing."""
+    m = OBJECTIVES[metric]
+    return m.values(ok) if m.values is not None else numeric_column(ok, m.name)
 
 
 def _request_meets(ok: pd.DataFrame, objectives: list[Objective]) -> np.ndarray:
@@ -130,11 +131,12 @@ def _request_meets(ok: pd.DataFrame, objectives: list[Objective]) -> np.ndarray:
     """
     meets = np.ones(len(ok), dtype=bool)
     for o in objectives:
-        if o.metric not in ("ttft", "ttfo", "tpot", "e2e"):
+        m = OBJECTIVES.get(o.metric)
+        if m is None or not m.per_request:
             continue
         v = request_values(ok, o.metric)
         within = v <= o.threshold  # NaN compares False; a TTFO never answered (+inf) too
-        if o.metric == "tpot":
+        if m.none_meets:
             within |= np.isnan(v)  # a one-token answer has no TPOT: judged on its other objectives
         meets &= within
     return meets

@@ -135,3 +135,20 @@ def test_markdown_summary_shows_a_step_without_goodput_as_a_dash():
     page = markdown_summary("Load test", table, judged, verdict_lines(verdict(judged, objectives), objectives), [])
     row = next(line for line in page.splitlines() if line.startswith("| 2 | 0 |"))
     assert "| - |" in row
+
+
+def test_the_objectives_are_the_glossarys_declarations():
+    from vllm_loadtest.analysis import glossary, slo
+
+    declared = {m.objective: m for m in glossary.GLOSSARY.values() if m.objective}
+    assert set(slo.METRICS) == set(declared) == {"ttft", "ttfo", "tpot", "itl", "e2e"}
+    assert set(slo.STREAMING_ONLY) == {"ttft", "ttfo", "tpot", "itl"}  # e2e: every kind, embeddings and rerank too
+    for name in slo.METRICS:
+        assert parse_slo(f"{name}_p95=1s")[0].metric == name
+    ok = pd.DataFrame({"ttfo_s": [0.5, None, None], "reasoning_tokens": [3, 9, None], "tpot_s": [0.1, None, 0.3]})
+    # TTFO's own values: +inf for a request that reasoned and never answered, NaN for one that says nothing.
+    values = slo.request_values(ok, "ttfo")
+    assert values[0] == 0.5 and values[1] == math.inf and math.isnan(values[2])
+    # TPOT: a request without one (a one-token answer) meets its objective; TTFO's never-answered one does not.
+    assert list(slo._request_meets(ok, parse_slo("tpot_p95=200ms"))) == [True, True, False]
+    assert list(slo._request_meets(ok, parse_slo("ttfo_p95=1s"))) == [True, False, False]

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
 
 from ..histograms import NARROW_BUCKET
 from ..thresholds import (
@@ -16,6 +20,7 @@ from ..thresholds import (
     PROBE_INTERVAL_S,
     STABLE_TOLERANCE,
 )
+from .formulas import ttfo_values
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,13 @@ class Metric:
     name: str
     unit: str
     definition: str
+    # Its --slo name (ttft in ttft_p95) when objectives can be set on it, and where they apply:
+    objective: str | None = None
+    streaming: bool = False  # only a kind that streams has a value of it (no first token, no token gaps otherwise)
+    per_request: bool = True  # one value per request (ITL's many samples are judged on the step only)
+    none_meets: bool = False  # a request without a value meets its objective (a one-token answer has no TPOT)
+    # Per ok request its value for objectives (NaN unknown); None: the requests' column of its name, as floats.
+    values: Callable[[pd.DataFrame], np.ndarray] | None = None
 
 
 _METRICS = [
@@ -32,12 +44,15 @@ _METRICS = [
         "Time to first token: from sending the request to the arrival of the first chunk that carries at least one "
         "output token (with continuous usage: the first chunk whose cumulative completion_tokens >= 1, even if its "
         "text is empty; without: the first chunk with a choice that is not a role-only chat delta).",
+        objective="ttft",
+        streaming=True,
     ),
     Metric(
         "e2e_s",
         "s",
         "End-to-end latency: from sending the request to the arrival of the last token-carrying chunk "
         "(an embeddings request, which does not stream: to the arrival of the last byte of its body).",
+        objective="e2e",
     ),
     Metric(
         "output_tokens",
@@ -49,12 +64,18 @@ _METRICS = [
         "tpot_s",
         "s",
         "Time per output token, per request: (e2e_s - ttft_s) / (output_tokens - 1); none when output_tokens <= 1.",
+        objective="tpot",
+        streaming=True,
+        none_meets=True,
     ),
     Metric(
         "itl_s",
         "s",
         "Inter-token latency, one sample per token after the first chunk: a chunk carrying k tokens that arrives g "
         "seconds after the previous token-carrying chunk contributes k samples of g / k.",
+        objective="itl",
+        streaming=True,
+        per_request=False,
     ),
     Metric("per_request_tok_s", "tokens/s", "Per-request throughput: output_tokens / e2e_s."),
     Metric(
@@ -67,6 +88,9 @@ _METRICS = [
         "ends the thought and starts the answer is the answer's first chunk. Per step, a request without an answer "
         "token counts as never answered (+inf) in the TTFO percentiles, so they cannot read better than the "
         "requests did.",
+        objective="ttfo",
+        streaming=True,
+        values=ttfo_values,
     ),
     Metric(
         "reasoning_tokens",
@@ -330,6 +354,15 @@ GLOSSARY: dict[str, Metric] = {m.name: m for m in _METRICS}
 
 def markdown_table() -> str:
     """The glossary as a Markdown table (`python -m analysis glossary`; the first table of docs/metrics.md)."""
-    rows = ["| name | unit | definition |", "|---|---|---|"]
-    rows += [f"| `{m.name}` | {m.unit} | {m.definition} |" for m in GLOSSARY.values()]
+    rows = ["| name | unit | definition | --slo |", "|---|---|---|---|"]
+    rows += [f"| `{m.name}` | {m.unit} | {m.definition} | {_objective(m)} |" for m in GLOSSARY.values()]
     return "\n".join(rows)
+
+
+def _objective(m: Metric) -> str:
+    """Where --slo objectives on the metric apply (analysis/slo.py reads the same declarations)."""
+    if m.objective is None:
+        return ""
+    where = "streaming kinds only" if m.streaming else "every kind"
+    judged = "each request and the step" if m.per_request else "the step's samples"
+    return f"`{m.objective}_p95`, ... ({where}; judged on {judged})"
