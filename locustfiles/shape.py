@@ -74,10 +74,16 @@ class LoadPlanOptions:
     step_duration: str = option(
         "--step-duration",
         DEFAULT_STEP_DURATION,
-        "Length of each step (e.g. 30s, 2m), or auto: each step runs until its aggregate tok/s interval is "
-        "within --ci-target and its TTFT p95 has enough samples, or until --max-step-duration",
+        "Length of each step, its warm-up included (e.g. 30s, 2m: 30s with --step-warmup 5s measures 25 s), or "
+        "auto: each step runs until its aggregate tok/s interval is within --ci-target and its TTFT p95 has enough "
+        "samples, or until --max-step-duration",
     )
-    step_warmup: str = option("--step-warmup", "5s", "Start of each step excluded from its statistics (e.g. 5s)")
+    step_warmup: str = option(
+        "--step-warmup",
+        "5s",
+        "Start of each step excluded from its statistics, inside --step-duration (e.g. 5s): the requests sent in it "
+        "are recorded but not measured",
+    )
 
 
 @dataclass(frozen=True)
