@@ -152,7 +152,8 @@ def _few(row: dict, q: float) -> bool:
     return n is not None and not pd.isna(n) and int(n) < min_samples_for_quantile(q)
 
 
-def _half_width(row: dict, name: str) -> float:
+def half_width(row: dict, name: str) -> float:
+    """Half the width of a step row's interval of `name` (its _ci_low and _ci_high columns); NaN without one."""
     try:
         return (float(row.get(f"{name}_ci_high")) - float(row.get(f"{name}_ci_low"))) / 2
     except (TypeError, ValueError):
@@ -178,7 +179,7 @@ def marked_rows(table: pd.DataFrame) -> list[list[str]]:
     for cells, r in zip(rows[1:], table.to_dict(orient="records")):
         for rate in (kind.item_rate, "prompt_tok_s"):
             i = names.index(rate)
-            hw = _half_width(r, rate)
+            hw = half_width(r, rate)
             if cells[i] != "-" and not math.isnan(hw):
                 cells[i] += f" ±{hw:.1f}"
         for name, q in E2E_QUANTILES:

@@ -17,6 +17,7 @@ from .batch import (
     BATCH_COLUMNS,
     batch_row,
     batch_spans,
+    half_width,
     marked_rows,
     run_kind,
     run_rates,
@@ -304,21 +305,13 @@ def unstable(value: object) -> bool:
     return value is not None and not pd.isna(value) and not bool(value)
 
 
-def _half_width(row: dict, name: str) -> float:
-    low, high = row.get(f"{name}_ci_low"), row.get(f"{name}_ci_high")
-    try:
-        return (float(high) - float(low)) / 2
-    except (TypeError, ValueError):
-        return math.nan
-
-
 def _marked(table: pd.DataFrame, rows: list[list[str]]) -> None:
     """The console's uncertainty marks, in place: '± half-width' after the tok/s values that have an interval, '~'
     after a percentile with too few samples for one."""
     shown = [c.name for c, _ in glossary.SECTIONS[glossary.STEP].shown()]
     for cells, r in zip(rows[1:], table.to_dict(orient="records")):
         for name in ("aggregate_tok_s", "per_request_tok_s_mean"):
-            hw = _half_width(r, name)
+            hw = half_width(r, name)
             if name in shown and not math.isnan(hw) and cells[shown.index(name)] != "-":
                 cells[shown.index(name)] += f" ±{hw:.1f}"
         few = r.get("few_samples")
@@ -339,8 +332,14 @@ def format_table(table: pd.DataFrame) -> str:
         rows[0].append(bound.header)
         for row, value in zip(rows[1:], table["generator_bound"]):
             row.append(bound.flag if flagged(value) else "")
-    # The suspect steps, marked the same way: their numbers are not the server's curve.
-    for name, is_suspect in (("stable", unstable), ("outlier", flagged)):
+    # Whether each step was steady, always (ok, UNSTABLE, - when not judged): the same columns in every run.
+    if "stable" in table.columns:
+        column = glossary.STEP_TABLE["stable"]
+        rows[0].append(column.header)
+        for row, value in zip(rows[1:], table["stable"]):
+            row.append(column.show(value))
+    # The outliers, marked the same way as the generator-bound steps: their numbers are not the server's curve.
+    for name, is_suspect in (("outlier", flagged),):
         if name in table.columns and table[name].map(is_suspect).any():
             column = glossary.STEP_TABLE[name]
             rows[0].append(column.header)

@@ -35,6 +35,7 @@ from ..analysis.finish import Outcome, compute_run, finish_run
 from ..analysis.records import RECORDS_DIR, RecordWriter, RequestRecord, serialize
 from ..analysis.run import write_run
 from . import (
+    console,
     diskspace,
     gate,
     images,
@@ -71,18 +72,21 @@ SUITE_EVENTS = ("llm_request", RECORDS_EVENT)
 
 # The features that register themselves beside the run context, in this order (each `register(environment, ctx)`,
 # its return value kept in ctx.features under the module's name): the record bus (the controller's one parse of
-# every record), the exit code, the images' warm pool, the trace replay's summary, what every request carries, the
-# server's /metrics and GPU exporters, the web UI's LLM tab (a bus subscriber, reading the scraper's latest samples).
-# Their options are declared in their modules and composed in settings.py.
-FEATURES = (recordbus, gate, images, trace_run, request_options, scraping, webui)
+# every record), the headless console's step lines (a bus subscriber), the exit code, the images' warm pool, the
+# trace replay's summary, what every request carries, the server's /metrics and GPU exporters, the web UI's LLM tab
+# (a bus subscriber, reading the scraper's latest samples). Their options are declared in their modules and composed
+# in settings.py.
+FEATURES = (recordbus, console, gate, images, trace_run, request_options, scraping, webui)
 
 
 class RunEvents:
     """A run's phases, for the features (Locust's EventHook): `started` once the run directory is known (options=),
-    `stopped` when the load has stopped and before the results are computed."""
+    `timeline` on the controller whenever a step begins or ends (timeline=, the steps so far), `stopped` when the
+    load has stopped and before the results are computed."""
 
     def __init__(self) -> None:
         self.started = EventHook()
+        self.timeline = EventHook()
         self.stopped = EventHook()
 
 
@@ -356,6 +360,7 @@ class RunContext:
     def _save_timeline(self, timeline: list[dict], finished: bool = False) -> None:
         if not self.is_controller or self.run_dir is None:
             return
+        self.run_events.timeline.fire(timeline=timeline)
         options = self.environment.parsed_options
         typed = settings.read(options)
         data = {

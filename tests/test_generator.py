@@ -173,7 +173,8 @@ def test_the_console_marks_a_flagged_step_where_its_numbers_are_read():
     samples = pd.DataFrame([sample(5.0, "a", 1.0, 0.95, 1, [0.001]), sample(15.0, "a", 1.0, 0.2, 2, [0.001])])
     text = format_table(compute_table(records, TIMELINE, None, samples))
     curve = text.split("\n\n")[0].splitlines()
-    assert curve[1].endswith("generator") and curve[2].endswith("BOUND") and not curve[3].endswith("BOUND")
+    assert curve[1].split()[-2:] == ["generator", "stable"]  # stable: in every step table
+    assert curve[2].split()[-2] == "BOUND" and "BOUND" not in curve[3].split()
     assert "GENERATOR-BOUND steps 0 (1 users)" in text and "--processes N" in text
 
 
