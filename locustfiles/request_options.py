@@ -76,7 +76,10 @@ class RequestOptions:
     read_timeout: float = option(
         "--read-timeout",
         600.0,
-        "Seconds to wait for any bytes from the server (a queued request may wait minutes for its first token)",
+        "Seconds the server may take to answer a request's headers, then each complete line of its stream (a "
+        "non-streamed answer: its whole body); a request that waits longer fails as a timeout. A stream trickling "
+        "bytes without completing a line keeps nothing alive. Long by default: a queued request may wait minutes "
+        "for its first token",
     )
     no_continuous_usage: bool = option(
         "--no-continuous-usage",

@@ -55,7 +55,8 @@ class _Response(HTTPResponse):
 
 
 class ReadTimeout(TimeoutError):
-    """No byte arrived for the read timeout (raised into the reading greenlet by the watchdog)."""
+    """Neither the headers nor a complete line (a whole body, for fetch) came within the read timeout of the send or
+    of the last complete line (raised into the reading greenlet by the watchdog)."""
 
 
 class _Watchdog:
@@ -85,7 +86,10 @@ class _Watchdog:
             for client in list(self.clients):
                 reader = client.reader
                 if reader is not None and now - client.last_read > client.read_timeout:
-                    error = ReadTimeout(f"timed out after {now - client.last_read:.1f} s")
+                    error = ReadTimeout(
+                        f"no complete line from the server for {now - client.last_read:.1f} s (--read-timeout "
+                        f"{client.read_timeout:g})"
+                    )
                     gevent.get_hub().loop.run_callback(self._interrupt, client, reader, client.requests, error)
 
     @staticmethod
@@ -229,15 +233,16 @@ class StreamClient:
                 else:
                     data = recv(RECV_BYTES)
                     t = wall()
-                self.last_read = t
                 feed(data)  # b"" tells llhttp the connection closed: it ends a body delimited by the close
                 if not status and response.headers_complete:
                     status = self.status = response.status_code
                     self.content_type = str(response.get("content-type") or "")
+                    self.last_read = t
                 if body:
                     if status == 200:
                         end = body.rfind(b"\n") + 1
-                        if end:
+                        if end:  # complete lines: the read timeout counts from the last (a trickle keeps none alive)
+                            self.last_read = t
                             self.nbytes += end
                             offset = t - start
                             for line in bytes(body[:end]).split(b"\n"):
@@ -304,7 +309,6 @@ class StreamClient:
                 else:
                     data = sock.recv(RECV_BYTES)
                     t = wall()
-                self.last_read = t
                 if data:
                     last = t  # the end of the stream (b"") is noticed later than the last byte arrived
                     feed(data)
@@ -316,6 +320,7 @@ class StreamClient:
                 if not self.status and response.headers_complete:
                     self.status = response.status_code
                     self.content_type = str(response.get("content-type") or "")
+                    self.last_read = t  # the whole body within the read timeout of its headers
                 if self.status and self.status != 200 and len(body) >= MAX_ERROR_BODY:
                     break
                 if response.message_complete or not data:

@@ -19,6 +19,7 @@ FAULT_KINDS = (
     "no_done",  # the body ends cleanly but without finish_reason or [DONE]
     "bad_json",  # a malformed data line after a few tokens
     "stall",  # stops sending after a few tokens for --stall-s seconds
+    "trickle",  # after a few tokens, one byte a second (never a whole line) for --stall-s seconds
     "html",  # a 200 text/html page, as a misconfigured proxy would answer
     "big",  # the second chunk carries 1 MiB of text (still one token): the stream must still be read correctly
     "queue",  # the first token comes only after --queue-s seconds (a long wait in the server's queue)

@@ -260,7 +260,7 @@ class StreamEndpoint:
             k = min(k, n_tokens - sent)
             sizes.append(k)
             sent += k
-        mid_stream = ("stream_error", "bad_json", "stall", "reset", "truncate")
+        mid_stream = ("stream_error", "bad_json", "stall", "reset", "truncate", "trickle")
         fault_after = min(3, len(sizes) - 1) if fault in mid_stream else None
         vllm = None  # --reasoning / --tool-calls on chat: vLLM 0.32's exact chunks
         if chat and (cfg.reasoning is not None or cfg.tool_calls):
@@ -389,6 +389,13 @@ class StreamEndpoint:
             return True
         if fault == "stall":
             time.sleep(self.server.config.stall_s)
+            return False
+        if fault == "trickle":  # a byte a second, never a whole line, for --stall-s; then the connection closes
+            end = time.perf_counter() + self.server.config.stall_s
+            while time.perf_counter() < end:
+                self.wfile.write(b"1\r\nd\r\n")
+                self.wfile.flush()
+                time.sleep(1.0)
             return False
         if fault == "reset":
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

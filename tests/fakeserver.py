@@ -12,7 +12,8 @@ measurements with the truth.
 
 With --reasoning N (chat) the first N tokens of every answer stream as reasoning deltas, the rest as content; with
 --tool-calls the answer streams as one tool call. In those modes every chat chunk is shaped exactly as vLLM 0.32
-streams it (VllmChat in tests/fake_stream.py), and each /truth entry says when the first answer token was sent (first_answer_s).
+streams it (VllmChat in tests/fake_stream.py), and each /truth entry says when the first answer token was sent
+(first_answer_s).
 
 POST /v1/embeddings answers at once after --embed-ms (+ --embed-per-input-ms per input), one vector of --embed-dim
 values per input, as vLLM 0.32's EmbeddingResponse; its /truth entry has the inputs, their tokens and the send of
