@@ -87,6 +87,11 @@ class Outcome:
         return bool(self.errors["over_limit"])
 
     @property
+    def nothing_completed(self) -> bool:
+        """No request of the run completed: nothing was measured (errors.completed)."""
+        return self.errors.get("completed") == 0
+
+    @property
     def slo_failed(self) -> bool:
         return self.slo is not None and not self.slo["passed"]
 

@@ -118,7 +118,7 @@ def error_counts(records: pd.DataFrame) -> tuple[int, int]:
 
 def error_limit(records: pd.DataFrame, max_error_rate: str | float | None) -> dict:
     """The --max-error-rate verdict: rate = failed / requests (cut-off requests left out; 0 without requests),
-    over_limit when rate > the limit."""
+    over_limit when rate > the limit; `completed`, the ok requests: a run with none measured nothing."""
     failed, total = error_counts(records)
     limit = parse_rate("0" if max_error_rate in (None, "") else max_error_rate, "--max-error-rate")
     rate = failed / total if total else 0.0
@@ -127,7 +127,18 @@ def error_limit(records: pd.DataFrame, max_error_rate: str | float | None) -> di
         f"Errors: {failed} of {total} requests ({rate:.2%}), {'over' if over else 'within'} --max-error-rate "
         f"{limit:.2%}"
     )
-    return {"failed": failed, "requests": total, "rate": rate, "limit": limit, "over_limit": over, "text": text}
+    completed = total - failed
+    if not completed:
+        cut = int((records["error_type"] == CUT_OFF).sum())
+        text += (
+            f"\nNo request completed: {failed} failed and {cut} were still running when the run stopped, so nothing "
+            "was measured (a headless run exits 1). A server that accepts requests but never finishes them? "
+            "--read-timeout bounds the wait for each line of a stream"
+        )
+    return {
+        "failed": failed, "requests": total, "rate": rate, "limit": limit, "over_limit": over,
+        "completed": completed, "text": text,
+    }  # fmt: skip
 
 
 def slo_gate(run_dir: Path, records: pd.DataFrame | None = None, run: dict | None = None) -> dict | None:

@@ -34,9 +34,10 @@ class GateOptions:
 
 
 def exit_code(environment, outcome, is_controller: bool) -> int | None:
-    """0 ok, 1 errors over --max-error-rate or a broken --slo (headless), 2 the tool crashed; with --find-capacity,
-    0 when a capacity was found, 1 when even the first probe broke an objective. None: already decided (3 bad
-    input, 4 a failed write, set where they happened), or a worker (the master's code is the run's)."""
+    """0 ok, 1 errors over --max-error-rate, a broken --slo or no request completed (the last two headless), 2 the
+    tool crashed; with --find-capacity, 0 when a capacity was found, 1 when even the first probe broke an objective.
+    None: already decided (3 bad input, 4 a failed write, set where they happened), or a worker (the master's code
+    is the run's)."""
     if environment.process_exit_code is not None or not is_controller:
         return None
     if locust.log.unhandled_greenlet_exception or environment.runner.exceptions:
@@ -49,7 +50,8 @@ def exit_code(environment, outcome, is_controller: bool) -> int | None:
         # A capacity search breaks objectives (and may fail requests) beyond the capacity on purpose: its verdict is
         # whether any load met them all.
         return EXIT_OK if outcome.capacity_found or not headless else EXIT_ERRORS
-    return EXIT_ERRORS if outcome.errors_over_limit or (outcome.slo_failed and headless) else EXIT_OK
+    failed = outcome.errors_over_limit or (headless and (outcome.slo_failed or outcome.nothing_completed))
+    return EXIT_ERRORS if failed else EXIT_OK
 
 
 def register(environment, ctx) -> None:
