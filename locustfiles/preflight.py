@@ -81,10 +81,12 @@ def list_models(host: str, timeout: float, api_key: str | None = None) -> list[s
             body = response.read()
         finally:
             client.close()
-    except Exception as e:  # any failure here is reported as one line
+    except ConnectionRefusedError:
         raise SetupError(
-            f"cannot reach {host}/v1/models ({type(e).__name__}: {e}); check --host, or pass --model"
+            f"nothing is listening at {host} (connection refused); start the server, or fix --host"
         ) from None
+    except Exception as e:  # any failure here is reported as one line
+        raise SetupError(f"cannot reach {host}/v1/models ({type(e).__name__}: {e}); check --host") from None
     if response.status_code in (401, 403):
         raise SetupError(
             f"{host} refused the API key (HTTP {response.status_code}); set --api-key or the --api-key-env variable"
@@ -176,8 +178,13 @@ def preflight(options, built: Built | None = None) -> Built:
     models = list_models(options.host, options.read_timeout, opts_mod.api_key(options))
     if models is None:
         if not options.model:
-            raise SetupError(f"{options.host} has no /v1/models to discover the model from; pass --model")
+            raise SetupError(
+                f"{options.host}/v1/models answered HTTP 404: not an OpenAI-compatible API at this URL? Check --host "
+                "(the server's base URL, without /v1), or pass --model for a server that does not list its models"
+            )
         logger.warning("%s has no /v1/models: --model %s is not checked", options.host, options.model)
+        if kinds.of(options.endpoint).streams:
+            check_openai_api(options, options.model)
     elif options.model and options.model not in models:
         served = ", ".join(models[:5]) + (" …" if len(models) > 5 else "")
         raise SetupError(f"--model {options.model!r} is not served by {options.host} (it serves: {served})")
@@ -201,6 +208,40 @@ def preflight(options, built: Built | None = None) -> Built:
         if replay is not None:
             built.replays[trace_run.replay_key(options, options.host, model)] = replay
     return built
+
+
+def check_openai_api(options, model: str) -> None:
+    """A server without /v1/models: one request of one token (not streamed) must answer as an OpenAI-compatible API
+    does, else every request of the run would fail the same way (a web server, a wrong path: 404, 405, 501, HTML)."""
+    kind = kinds.of(options.endpoint)
+    base = URL(options.host)
+    url = f"{options.host.rstrip('/')}{kinds.path_of(kind, options)}"
+    prompt = {"messages": [{"role": "user", "content": "hello"}]} if kind.chat else {"prompt": "hello"}
+    headers = {"Content-Type": "application/json", "Accept": "application/json", "Accept-Encoding": "identity"}
+    key = opts_mod.api_key(options)
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    timeout = min(60.0, float(options.read_timeout))
+    try:
+        client = HTTPClient.from_url(base, connection_timeout=min(10.0, timeout), network_timeout=timeout)
+        try:
+            body = json.dumps({"model": model, **prompt, "max_tokens": 1})
+            response = client.post(base.path.rstrip("/") + kinds.path_of(kind, options), body=body, headers=headers)
+            answer = response.read()
+        finally:
+            client.close()
+    except Exception as e:  # any failure here is reported as one line
+        raise SetupError(f"{url} did not answer ({type(e).__name__}: {e}); check --host") from None
+    try:
+        answered = response.status_code == 200 and "choices" in json.loads(answer)
+    except (ValueError, TypeError):
+        answered = False
+    if not answered and (response.status_code in (200, 404, 405, 501) or answer.lstrip()[:1] == b"<"):
+        what = "an HTML page" if answer.lstrip()[:1] == b"<" else error_body.message_from_body(answer)
+        raise SetupError(
+            f"{url} answered HTTP {response.status_code} ({what}): not an OpenAI-compatible API; check --host (the "
+            "server's base URL, without /v1) and --endpoint"
+        )
 
 
 def check_fetched_kind(options, model: str) -> None:
