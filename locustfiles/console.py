@@ -9,7 +9,6 @@ import logging
 from collections.abc import Callable
 
 from ..analysis import progress
-from ..analysis.live import LiveRecords
 
 STATS_LOGGER = "locust.stats_logger"  # Locust's periodic and final request tables
 
@@ -19,34 +18,32 @@ class StepLines:
 
     def __init__(self, echo: Callable[[str], None] = print) -> None:
         self.echo = echo
-        self.records = LiveRecords()
-        self.printed: set[int] = set()
+        self.steps = progress.Steps()
         self.headed = False
 
     def start(self, **_kw) -> None:
-        self.records.reset()
-        self.printed.clear()
+        self.steps = progress.Steps()
         self.headed = False
+
+    def add_rows(self, rows: list[dict]) -> None:
+        self.steps.add_rows(rows)
 
     def timeline(self, timeline: list[dict], **_kw) -> None:
         for step in timeline:
-            if step.get("end_time") is None or step.get("step") in self.printed:
+            if step.get("end_time") is None or step.get("step") in self.steps.shown:
                 continue
-            self.printed.add(step["step"])
-            found = progress.step_row(self.records.frame(), step)
-            if found is None:
+            row = progress.step_row(self.steps, step)
+            self.steps.shown_step(step)
+            if row is not None:
+                if not self.headed:
+                    self.headed = True
+                    self.echo(progress.header(self.steps.kind))
+                self.echo(progress.line(self.steps.kind, row))
+            if row is None or not row["requests"]:
                 self.echo(
-                    f"step {step['step']}: no request finished while it ran ({step.get('users')} users); a server "
-                    "that takes them but never answers? --read-timeout bounds the wait for each line"
+                    f"step {step['step']}: no request completed in it ({step.get('users')} users); a server that "
+                    "takes requests but never finishes them? --read-timeout bounds the wait for each line"
                 )
-                continue
-            table, row = found
-            if not self.headed:
-                self.headed = True
-                self.echo(progress.header(table))
-            self.echo(progress.line(table, row))
-            if not row.get("requests"):
-                self.echo(f"step {step['step']}: no request completed in its measured window")
 
 
 def register(environment, ctx) -> StepLines | None:
@@ -64,7 +61,7 @@ def register(environment, ctx) -> StepLines | None:
 
         environment.events.quitting.add_listener(quiet)
     lines = StepLines(echo=lambda text: print(text, flush=True))
-    ctx.bus.subscribe(lines.records.add_rows)
+    ctx.bus.subscribe(lines.add_rows)
     ctx.run_events.started.add_listener(lines.start)
     ctx.run_events.timeline.add_listener(lines.timeline)
     return lines

@@ -136,6 +136,21 @@ def test_a_run_in_which_no_request_completed_fails(fake_server, tmp_path):
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Errors: 0 of 0 requests" in proc.stdout
     assert "No request completed: 0 failed and 2 were still running when the run stopped" in proc.stdout
-    assert "step 0: no request finished while it ran (2 users)" in proc.stdout
+    assert "step 0: no request completed in it (2 users)" in proc.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["ok"] == 0 and summary["cut_off"] == 2
+
+
+def test_the_issues_command_writes_a_run_directory_and_the_default_warm_up_fits_a_short_step(fake_server, tmp_path):
+    server = fake_server("--ttft-ms", "10", "--itl-ms", "2")
+    proc = cli("run", "--headless", "--host", server.url, "--steps", "2", "--step-duration", "5s", "--max-tokens",
+               "8", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--step-warmup 1s: a fifth of each 5s step" in proc.stderr
+    (run_dir,) = (tmp_path / "reports").iterdir()  # the default: reports/<UTC timestamp>/
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["options"]["step_warmup"] == "1s"
+    for name in ("requests.parquet", "steps.csv", "summary.json", "report.html"):
+        assert (run_dir / name).exists(), name
+    (step,) = run["timeline"]
+    assert step["measure_start"] - step["start_time"] == pytest.approx(1.0)  # the warm-up is inside the step

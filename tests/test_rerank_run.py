@@ -32,7 +32,7 @@ def rerank_run(tmp_path_factory):
         proc = locust(
             "--host", server.url, "--endpoint", "rerank", "--documents", str(DOCS), "--top-n", "2",
             "--rerank-path", "/v2/rerank", "--dataset", "synthetic:16", "--steps", "1,4", "--step-duration", "4s",
-            "--step-warmup", "0s", "--slo", "e2e_p95=2s", "--run-dir", str(run_dir), timeout=120,
+            "--step-warmup", "0s", "--slo", "e2e_p95=2s", "--run-dir", str(run_dir), "--print-stats", timeout=120,
         )  # fmt: skip
         yield proc, run_dir, server.get("/truth"), server.get("/prompts")["prompts"], server.get("/stats")
     finally:
@@ -42,7 +42,7 @@ def rerank_run(tmp_path_factory):
 def test_the_run_passes_and_every_request_carries_its_query_and_documents(rerank_run):
     proc, run_dir, truth, prompts, _ = rerank_run
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "POST     /v2/rerank" in proc.stdout + proc.stderr  # Locust's own table: the path asked
+    assert "POST     /v2/rerank" in proc.stdout + proc.stderr  # Locust's own table (--print-stats): the path asked
     records = pd.read_parquet(run_dir / "requests.parquet")
     ok = records[records["status"] == "ok"]
     assert len(ok) >= 20 and set(records["endpoint"]) == {"rerank"}
