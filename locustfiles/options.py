@@ -19,6 +19,7 @@ from ..analysis.schedule import GAMMA, check_burstiness, parse_rates
 
 DEFAULT_STEPS = "1,2,4,8,16,32,64"
 DEFAULT_STEP_DURATION = "30s"
+DEFAULT_STEP_WARMUP = "5s"  # at most a fifth of a step shorter than 10 s (startup.fit_default_warmup)
 DEFAULT_MAX_USERS = 1000
 
 __all__ = ["parse_rate"]  # re-exported: the --max-error-rate parser, shared with analysis.finish

@@ -27,6 +27,7 @@ from .exitcodes import EXIT_SETUP_ERROR
 from .options import (
     DEFAULT_MAX_USERS,
     DEFAULT_STEP_DURATION,
+    DEFAULT_STEP_WARMUP,
     DEFAULT_STEPS,
     parse_duration,
     parse_step_duration,
@@ -80,9 +81,9 @@ class LoadPlanOptions:
     )
     step_warmup: str = option(
         "--step-warmup",
-        "5s",
+        DEFAULT_STEP_WARMUP,
         "Start of each step excluded from its statistics, inside --step-duration (e.g. 5s): the requests sent in it "
-        "are recorded but not measured",
+        "are recorded but not measured. Default 5s, a fifth of the step when --step-duration is under 10 s",
     )
 
 

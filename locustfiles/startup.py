@@ -89,6 +89,21 @@ def apply_users_shortcut(options) -> str | None:
     )
 
 
+def fit_default_warmup(options) -> str | None:
+    """The default --step-warmup (5 s) in steps shorter than 10 s would leave half a step or less to measure (none
+    at 5 s): a fifth of the step instead, said in one line. A warm-up given explicitly is checked as given."""
+    if options.step_warmup != opts_mod.DEFAULT_STEP_WARMUP:
+        return None
+    try:
+        duration = opts_mod.parse_step_duration(options.step_duration)
+    except ValueError:
+        return None  # check_options says what is wrong with it
+    if duration is None or opts_mod.parse_duration(options.step_warmup, "--step-warmup") < duration / 2:
+        return None
+    options.step_warmup = f"{duration / 5:g}s"
+    return f"--step-warmup {options.step_warmup}: a fifth of each {options.step_duration} step (5s is for longer steps)"
+
+
 def prepare(environment) -> Built:
     """At Locust's init, before any load: signals, the -u shortcut, every check of the options, and the headless
     preflight (the server answers, the dataset and trace are built); bad input exits with one `error:` line and
@@ -98,9 +113,9 @@ def prepare(environment) -> Built:
         # Workers too: Ctrl-C in a terminal reaches every process of a --processes run.
         _deliver_signals_to_the_main_greenlet()
     if options is not None and options.headless and not isinstance(environment.runner, WorkerRunner):
-        message = apply_users_shortcut(options)
-        if message:
-            logger.info(message)
+        for message in (apply_users_shortcut(options), fit_default_warmup(options)):
+            if message:
+                logger.info(message)
     built = Built()
     if options is not None and environment.runner is not None and not isinstance(environment.runner, WorkerRunner):
         created: list[Path] = []
