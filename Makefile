@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: venv vllm-install browser compose demo test test-stress test-fast coverage lint bench clean
+.PHONY: venv vllm-install browser compose demo test test-stress test-fast coverage lint bench docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -86,6 +86,14 @@ coverage:
 	rm -f .coverage .coverage.*
 	$(PYTEST) $(foreach d,analysis locustfiles embedded_vllm,--cov=$(CURDIR)/$(d)) --cov-report=term:skip-covered \
 		| tee coverage.txt
+
+# The generated reference pages (options, metrics, the command line) and every example block of README.md and docs/,
+# from runs against the fake server (tests/docs_examples.py; about 2 minutes).
+docs: venv
+	$(PY) -m vllm_loadtest.locustfiles.options_reference --write docs/reference/options.md
+	$(PY) -m vllm_loadtest.analysis glossary --write docs/reference/metrics.md
+	$(PY) -m vllm_loadtest.usage --write docs/reference/cli.md
+	$(PY) -m tests.docs_examples --write
 
 bench: venv
 	$(PY) -m tests.benchmarks.bench_parse

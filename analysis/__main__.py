@@ -6,7 +6,7 @@ python -m analysis report RUN_DIR [--compare RUN_DIR ...]  # the end of the run 
                                                            # summary.json, summary.md, report.html
                                                            # (--compare: a Comparison per other run)
 python -m analysis glossary                                # the metric glossary as a Markdown table
-python -m analysis glossary --docs [--write docs/metrics.md]  # every column's page (stdout, or written there)
+python -m analysis glossary --docs [--write docs/reference/metrics.md]  # every column's page (stdout, or written there)
 """
 
 from __future__ import annotations
@@ -55,9 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         help="other run directories to overlay and compare step by step (differences against their noise)",
     )
     gloss = sub.add_parser("glossary", help="print the metric glossary as a Markdown table")
-    gloss.add_argument("--docs", action="store_true", help="print docs/metrics.md instead: every column of every table")
     gloss.add_argument(
-        "--write", type=Path, metavar="PATH", help="write docs/metrics.md's text to PATH (implies --docs)"
+        "--docs", action="store_true", help="print docs/reference/metrics.md instead: every column of every table"
+    )
+    gloss.add_argument(
+        "--write", type=Path, metavar="PATH", help="write docs/reference/metrics.md's text to PATH (implies --docs)"
     )
     snap = sub.add_parser("snapshot", help="the report and/or the records of a run in progress, written elsewhere")
     snap.add_argument("run_dir", type=Path)

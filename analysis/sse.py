@@ -12,7 +12,8 @@ usage.completion_tokens_details.reasoning_tokens over the chunk before (vLLM 0.3
 continuous usage), else all counted as answer tokens. A chunk without any text (an empty string
 or no field: a held-back partial character, the end-of-sequence token, the `</think>` token alone on a finish
 chunk) counts with the field its empty string names (`"content": ""` answer, `"reasoning": ""` reasoning), else
-with the chunk before it. The completions endpoint streams `text` only: all answer. docs/reasoning.md says more.
+with the chunk before it. The completions endpoint streams `text` only: all answer.
+docs/how-to/reasoning-models.md says more.
 """
 
 from __future__ import annotations

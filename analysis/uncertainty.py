@@ -1,6 +1,6 @@
 """How sure a step's numbers are: confidence intervals that hold on the data a load test produces.
 
-Pure (numpy and scipy, no Locust, no network). The methods, and what they assume, are in docs/metrics.md:
+Pure (numpy and scipy, no Locust, no network). The methods, and what they assume, are in docs/reference/metrics.md:
 - rates over a window (aggregate tok/s, requests/s): batch means. Events inside one step are autocorrelated (the
   same users, the same batch), so a t-interval over 1-second bins is too narrow; the window is cut into k equal
   batches, each much longer than one request, and the t-interval (k - 1 degrees of freedom) is taken over the k

@@ -37,7 +37,7 @@ def _settings_args(p: argparse.ArgumentParser) -> None:
         default=d.reasoning_parser,
         metavar="NAME",
         help="vLLM's reasoning parser: thoughts stream as delta.reasoning (qwen3 with the tiny model; "
-        "docs/reasoning.md)",
+        "docs/how-to/reasoning-models.md)",
     )
     p.add_argument(
         "--enable-auto-tool-choice",

@@ -1,6 +1,6 @@
 """How a feature declares its options: a frozen dataclass whose fields are the options, each with its flag, default
 and help (`option`). One declaration gives the Locust argument (its `LOCUST_*` variable, its web UI field and
-config-file key come with it), the typed attribute the code reads, and the row of docs/options.md.
+config-file key come with it), the typed attribute the code reads, and the row of docs/reference/options.md.
 
     @dataclass(frozen=True)
     class TraceOptions:

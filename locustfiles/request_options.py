@@ -3,7 +3,7 @@ turned into the fields every request body carries (kinds.build_payload).
 
 Each option arrives as text (the command line, a config file, a LOCUST_* variable or the web UI's start form all
 hand over the same string), is parsed once per process and text, and is refused with one line naming the option,
-what is wrong and the fix. See docs/options.md#request-options.
+what is wrong and the fix. See docs/explanation/options-in-depth.md#request-options.
 """
 
 from __future__ import annotations

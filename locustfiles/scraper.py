@@ -77,7 +77,7 @@ class GpuOptions:
         "--gpu",
         "",
         "The server's accelerator, for the efficiency ceiling: a preset memory bandwidth (h100-sxm, "
-        "a100-80gb-sxm, l40s, l4, mi300x, ...; see docs/options.md)",
+        "a100-80gb-sxm, l40s, l4, mi300x, ...; see docs/explanation/options-in-depth.md)",
     )
     memory_bandwidth_gbs: float | None = option(
         "--memory-bandwidth-gbs",

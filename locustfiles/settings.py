@@ -26,7 +26,10 @@ from .scraper import GpuOptions, ScrapeOptions
 from .shape import AdaptiveOptions, CapacityOptions, LoadPlanOptions
 from .trace_run import TraceOptions
 
-# In the order the parser, --help and docs/options.md list them.
+# The option groups (each class's GROUP) in the order --help and docs/reference/options.md show them.
+GROUP_ORDER = ("Load plan", "Workload", "Request", "Server", "SLO and capacity", "Output")
+
+# In the order the parser lists them (within a group, --help and the reference keep this order).
 OPTION_CLASSES = (
     RequestOptions, EmbeddingsOptions, RerankOptions, ImageOptions, DatasetOptions, ConversationOptions,
     LoadPlanOptions, AdaptiveOptions, CapacityOptions, TraceOptions, ServerOptions, ScrapeOptions, GpuOptions,

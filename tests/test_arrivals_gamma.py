@@ -325,7 +325,7 @@ def test_the_report_section_draws_a_bounded_cdf_with_the_expected_curve():
 def test_the_cv_interval_covers_the_truth_about_as_often_as_it_says():
     """200 seeded gamma streams of 2000 gaps per shape: the 95 % interval held the true CV 92-96 % of the time when
     this was written (a percentile bootstrap of a skewed statistic is a little short: 80-86 % at 50 gaps, as
-    docs/workloads.md says); never far below, and not a vacuous always-covering interval either."""
+    docs/how-to/shape-the-workload.md says); never far below, and not a vacuous always-covering interval either."""
     rng = np.random.default_rng(11)
     for b in (0.25, 1.0, 4.0):
         truth = 1 / math.sqrt(b)

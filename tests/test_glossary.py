@@ -46,15 +46,15 @@ def test_every_formula_states_its_formula_in_one_docstring_line():
 
 
 def test_docs_define_every_glossary_metric_with_the_same_words():
-    """docs/metrics.md is the glossary's page (generated from it); the README sends readers there."""
+    """docs/reference/metrics.md is the glossary's page (generated from it); the README sends readers there."""
     from tests.helpers.paths import ROOT
 
-    page = ROOT.joinpath("docs", "metrics.md").read_text(encoding="utf-8")
+    page = ROOT.joinpath("docs", "reference", "metrics.md").read_text(encoding="utf-8")
     for metric in g.GLOSSARY.values():
         assert f"`{metric.name}`" in page, metric.name
-        assert metric.definition in page, f"docs/metrics.md's definition of {metric.name} differs from the glossary"
-    assert g.markdown_table() in page, f"regenerate docs/metrics.md with `{g.DOCS_COMMAND}`"
-    assert "docs/metrics.md" in ROOT.joinpath("README.md").read_text(encoding="utf-8")
+        assert metric.definition in page, f"docs/reference/metrics.md's {metric.name} differs from the glossary"
+    assert g.markdown_table() in page, f"regenerate docs/reference/metrics.md with `{g.DOCS_COMMAND}`"
+    assert "docs/reference/metrics.md" in ROOT.joinpath("README.md").read_text(encoding="utf-8")
 
 
 def test_a_section_applies_when_a_column_declared_to_show_it_has_a_value():

@@ -267,8 +267,8 @@ def test_without_cached_tokens_the_report_says_why_and_a_single_turn_run_has_no_
 
 
 def test_docs_describe_turns_csv():
-    assert "## turns.csv: per turn" in ROOT.joinpath("docs", "metrics.md").read_text(encoding="utf-8")
-    for page in ("run-directory.md", "workloads.md"):
+    assert "## turns.csv: per turn" in ROOT.joinpath("docs", "reference", "metrics.md").read_text(encoding="utf-8")
+    for page in ("reference/run-directory.md", "how-to/shape-the-workload.md"):
         assert "turns.csv" in ROOT.joinpath("docs", page).read_text(encoding="utf-8"), page
 
 

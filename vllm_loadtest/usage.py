@@ -34,7 +34,7 @@ LOCUST_SHOWN = {
     "Run": ("--host", "--headless", "--config", "--web-port"),
     "Distributed": ("--processes", "--master", "--worker", "--master-host", "--expect-workers"),
 }
-GROUP_ORDER = ("Run", "Load plan", "Workload", "Request", "Server", "SLO and capacity", "Output", "Distributed")
+# The suite's groups (locustfiles/settings.py's GROUP_ORDER) between Locust's "Run" and "Distributed" options.
 TAIL = """\
 Every option is also read from a config file (--config FILE, or ./locust.conf: `steps = 1,2,4`) and from its
 LOCUST_* environment variable (LOCUST_STEPS=1,2,4), as Locust's own are; the command line wins.
@@ -63,7 +63,8 @@ def help_text() -> str:
     parser = argparse.ArgumentParser(
         prog="vllm-loadtest", usage=argparse.SUPPRESS, add_help=False, formatter_class=_Formatter
     )
-    groups = {title: parser.add_argument_group(f"{title} options") for title in GROUP_ORDER}
+    order = ("Run", *settings.GROUP_ORDER, "Distributed")
+    groups = {title: parser.add_argument_group(f"{title} options") for title in order}
     locust = _locust_actions()
     for title in ("Run",):
         for flag in LOCUST_SHOWN[title]:
@@ -146,3 +147,32 @@ def unknown_option(argv: list[str]) -> str | None:
         hint = f"did you mean {close[0]}?" if close else "vllm-loadtest --help lists the options"
         return f"unknown option {flag}: {hint} (Locust's own: vllm-loadtest --help-locust)"
     return None
+
+
+DOCS_FILE = "docs/reference/cli.md"
+DOCS_COMMAND = f"python -m vllm_loadtest.usage --write {DOCS_FILE}"
+
+
+def page() -> str:
+    """docs/reference/cli.md: what `vllm-loadtest --help` prints, generated from the same declarations."""
+    return (
+        f"# The command line\n\nGenerated from `vllm_loadtest/usage.py`; do not edit by hand: regenerate with "
+        f"`{DOCS_COMMAND}`. What `vllm-loadtest --help` prints (every option with its variable: "
+        "[options.md](options.md)):\n\n```text\n" + help_text() + "\n```\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vllm_loadtest.usage")
+    parser.add_argument("--write", metavar="PATH", help=f"write the page to PATH ({DOCS_FILE})")
+    args = parser.parse_args(argv)
+    if args.write:
+        with open(args.write, "w", encoding="utf-8") as f:
+            f.write(page())
+    else:
+        print(page(), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

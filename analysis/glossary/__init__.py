@@ -1,11 +1,11 @@
 """The one glossary: every metric the suite reports, every column it writes, their units and their formulas.
 
-`GLOSSARY` defines the metrics (docs/metrics.md's first table). `COLUMNS` declares every column of `steps.csv` and of
-`requests.parquet` once: its unit, formula, meaning, console header, format and section. The step table's column
-lists (`analysis.steps.STEP_COLUMNS`, `analysis.server_metrics.SERVER_COLUMNS`, `analysis.generator.
+`GLOSSARY` defines the metrics (docs/reference/metrics.md's first table). `COLUMNS` declares every column of
+`steps.csv` and of `requests.parquet` once: its unit, formula, meaning, console header, format and section. The step
+table's column lists (`analysis.steps.STEP_COLUMNS`, `analysis.server_metrics.SERVER_COLUMNS`, `analysis.generator.
 GENERATOR_COLUMNS`, `analysis.schedule.OPEN_LOOP_COLUMNS`), the console tables, the web UI's LLM tab, the
-report's per-step table and docs/metrics.md are derived from it, so they cannot disagree. The core step columns
-also carry the function that computes them. Pure functions (no network, no Locust); times are seconds unless a
+report's per-step table and docs/reference/metrics.md are derived from it, so they cannot disagree. The core step
+columns also carry the function that computes them. Pure functions (no network, no Locust); times are seconds unless a
 name says otherwise.
 """
 

@@ -201,8 +201,8 @@ _MEASURED = "the step's measured ok requests"
 # steps.csv, core: one row per step, computed from requests.parquet by each column's `compute` (analysis/steps.py
 # builds the StepData). A new per-step metric is one Column here, appended to the end of the list so the columns
 # before it keep their order (steps.csv is read by name); it then reaches steps.csv, the console (with a header),
-# the report's table and docs/metrics.md, and the web UI when its name is added to WEB_UI below. A record column it
-# reads that the live view does not keep yet needs live=True on that column in _REQUEST_COLUMNS.
+# the report's table and docs/reference/metrics.md, and the web UI when its name is added to WEB_UI below. A record
+# column it reads that the live view does not keep yet needs live=True on that column in _REQUEST_COLUMNS.
 STEP_COLUMNS = [
     Column("step", STEP, "index", "Index of the load step (0 = first); the whole run's row is \"all\".",
            label="Step", header="step", fmt="int"),

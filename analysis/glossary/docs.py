@@ -1,4 +1,4 @@
-"""docs/metrics.md, generated from the declarations."""
+"""docs/reference/metrics.md, generated from the declarations."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ from .columns import (
 from .metrics import markdown_table
 from .registry import WEB_UI, columns
 
-# --- docs/metrics.md -----------------------------------------------------------------------------------------
+# --- docs/reference/metrics.md ---------------------------------------------------------------------------------
 
-DOCS_FILE = "docs/metrics.md"
+DOCS_FILE = "docs/reference/metrics.md"
 DOCS_COMMAND = f"python -m analysis glossary --write {DOCS_FILE}"
 _DOCS_SECTIONS = [
     (STEP, "steps.csv: the step table", "One row per load step, from requests.parquet (`analysis/steps.py`); on "
@@ -70,17 +70,18 @@ _DOCS_SECTIONS = [
      "with `--step-duration auto` a step runs until its aggregate tok/s interval is within `--ci-target` and its "
      "TTFT p95 has enough samples, looked at only at fixed check points, or until `--max-step-duration`."),
     (REASONING, "steps.csv: reasoning and tool calls", "Reasoning models and tool calls "
-     "([reasoning.md](reasoning.md#what-is-measured)), last in steps.csv (`analysis/reasoning.py`), over the step "
-     "table's measured ok requests. The parser tells each token-carrying chunk apart: answer (delta.content), tool "
-     "call (delta.tool_calls) or reasoning (delta.reasoning, delta.reasoning_content). TTFT counts the first token "
-     "of any kind, thinking included; TTFO is the first token of the answer, what the user waits for: the gap is "
+     "([reasoning-models.md](../how-to/reasoning-models.md#what-is-measured)), last in steps.csv "
+     "(`analysis/reasoning.py`), over the step table's measured ok requests. The parser tells each token-carrying "
+     "chunk apart: answer (delta.content), tool call (delta.tool_calls) or reasoning (delta.reasoning, "
+     "delta.reasoning_content). TTFT counts the first token of any kind, thinking included; TTFO is the first "
+     "token of the answer, what the user waits for: the gap is "
      "the time spent reasoning. Written for every run: without reasoning TTFO equals TTFT and the reasoning share "
      "is 0; the console's \"Reasoning\" table, the web UI's TTFO cells and the report's Reasoning section appear "
      "when a request reasoned or called a tool. A request whose stream ended inside the thought has no TTFO: it "
      "counts as never answered (+inf) in the TTFO percentiles and their intervals (shown \"no answer\"), and in "
      "no_answer_requests; leaving it out would make the percentiles read better than the requests did."),
     (EMBEDDINGS, "steps.csv: embeddings", "Embeddings runs (`--endpoint embeddings`, "
-     "[embeddings-images.md](embeddings-images.md#embeddings-the-results)), last in steps.csv "
+     "[embeddings-rerank-images.md](../how-to/embeddings-rerank-images.md#embeddings-the-results)), last in steps.csv "
      "(`analysis/batch.py`). An embeddings request does not stream: its throughput is inputs and prompt tokens "
      "per second, counted when the request completes inside the step's window, with batch-means intervals as "
      "aggregate tok/s's; its latency is E2E, from the send stamp to the body's last byte, with order-statistic "
@@ -88,20 +89,22 @@ _DOCS_SECTIONS = [
      "any run's prompt (prefill) rate; the console's \"Embeddings\" table replaces the batching curve in an "
      "embeddings run, whose streaming columns do not apply."),
     (RERANK, "steps.csv: rerank", "Rerank runs (`--endpoint rerank`, "
-     "[embeddings-images.md](embeddings-images.md#rerank)), after the embeddings columns (`analysis/batch.py`). "
+     "[embeddings-rerank-images.md](../how-to/embeddings-rerank-images.md#rerank)), after the embeddings columns "
+     "(`analysis/batch.py`). "
      "A rerank request does not stream either: its throughput is documents per second (its prompt tokens per second "
      "and E2E percentiles are the embeddings section's columns), with the same intervals. Written for every run: "
      "documents_per_s is empty outside a rerank run; the console's \"Rerank\" table replaces the batching curve in "
      "a rerank run."),
     (GPU, "steps.csv: GPU telemetry", "The step's measured window in Unix seconds (always written: it joins any "
      "time series to the step), then NVIDIA dcgm-exporter's samples (`--gpu-metrics-url`, one per GPU host) over "
-     "that window ([gpu-telemetry.md](gpu-telemetry.md)), last in steps.csv (`analysis/gpu.py`). The samples are "
+     "that window ([gpu-telemetry.md](../how-to/gpu-telemetry.md)), last in steps.csv (`analysis/gpu.py`). The "
+     "samples are "
      "kept raw in metrics.parquet with all their labels and `source` = the exporter's URL; a GPU is "
      "`<Hostname>/<gpu>` (its UUID without a Hostname label). Each GPU's samples inside the window are averaged "
      "first, then the GPUs, so a GPU scraped less often (gaps) weighs the same. A field a GPU does not export "
      "(DCGM_FI_PROF_* on a consumer GPU; DCGM_FI_PROF_SM_ACTIVE is not in dcgm-exporter's default counters) and "
      "DCGM's blank values are missing, never 0. Then the roofline verdict on them (`analysis/roofline.py`, "
-     "[gpu-telemetry.md](gpu-telemetry.md#reading-the-gpu-verdict))."),
+     "[gpu-telemetry.md](../how-to/gpu-telemetry.md#reading-the-gpu-verdict))."),
     (TURNS, "turns.csv: per turn", "Conversation runs (`--turns`) only: one row per turn index, from "
      "requests.parquet (`analysis/turns.py`); on the console as \"Per turn\", after the step table. A turn's "
      "requests are the k-th request of every conversation, over every step, measured by the step table's rules "
@@ -132,7 +135,7 @@ def _shown_as(c: Column) -> str:
 
 
 def docs_markdown() -> str:
-    """docs/metrics.md: the metric definitions, then every column of every table, from this module."""
+    """docs/reference/metrics.md: the metric definitions, then every column of every table, from this module."""
     out = [
         "# Metrics and columns",
         "",

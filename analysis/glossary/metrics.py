@@ -1,4 +1,4 @@
-"""The metric glossary: each metric's name, unit and definition (docs/metrics.md's first table)."""
+"""The metric glossary: each metric's name, unit and definition (docs/reference/metrics.md's first table)."""
 
 from __future__ import annotations
 
@@ -353,7 +353,7 @@ GLOSSARY: dict[str, Metric] = {m.name: m for m in _METRICS}
 
 
 def markdown_table() -> str:
-    """The glossary as a Markdown table (`python -m analysis glossary`; the first table of docs/metrics.md)."""
+    """The glossary as a Markdown table (`python -m analysis glossary`; docs/reference/metrics.md's first table)."""
     rows = ["| name | unit | definition | --slo |", "|---|---|---|---|"]
     rows += [f"| `{m.name}` | {m.unit} | {m.definition} | {_objective(m)} |" for m in GLOSSARY.values()]
     return "\n".join(rows)
