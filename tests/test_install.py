@@ -62,18 +62,29 @@ def test_the_wheel_installs_one_namespace_and_its_console_script_runs_and_report
     ).stdout.split()  # fmt: skip
     assert all(path.startswith(str(site_dir)) for path in where), where  # not the checkout's copies
 
+    script = installed / "bin" / "vllm-loadtest"
+    # Issue 34's front door, from outside the checkout: the suite's help with its defaults, its version.
+    shown = subprocess.run([str(script), "--help"], cwd=tmp_path, env=CLEAN_ENV, capture_output=True, text=True)
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: vllm-loadtest"), shown.stderr[-2000:]
+    flat = " ".join(shown.stdout.split())
+    for flag in ("--steps X", "--slo X", "--find-capacity {,users,rate}", "--endpoint {chat,completions"):
+        assert flag in flat, flag
+    assert "(default: 1,2,4,8,16,32,64)" in flat and "(default: completions)" in flat
+    version = subprocess.run([str(script), "--version"], cwd=tmp_path, env=CLEAN_ENV, capture_output=True, text=True)
+    assert version.returncode == 0 and version.stdout.startswith("vllm-loadtest 0.") and "Locust" in version.stdout
+
     server = fake_server("--ttft-ms", "10", "--itl-ms", "2")
     run_dir = tmp_path / "run"
-    script = installed / "bin" / "vllm-loadtest"
     run = subprocess.run(
-        [str(script), "--host", server.url, "--steps", "1,2", "--step-duration", "3s", "--step-warmup", "1s",
-         "--max-tokens", "8", "--headless", "--run-dir", str(run_dir)],
+        [str(script), "run", "--headless", "--host", server.url, "--steps", "2", "--step-duration", "5s",
+         "--max-tokens", "8", "--run-dir", str(run_dir)],
         cwd=tmp_path, env=CLEAN_ENV, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     for name in ("requests.parquet", "steps.csv", "summary.json", "report.html"):
         assert (run_dir / name).is_file(), name
     assert "Batching curve" in run.stdout
+    assert (run.stdout + run.stderr).count("Aggregated") <= 1  # Locust's table at most once (here: never)
 
     (run_dir / "report.html").unlink()
     report = subprocess.run(
