@@ -18,6 +18,15 @@ from tests.fake_text import count_tokens
 class PooledEndpoints:
     """The Handler's /v1/embeddings and /v1/rerank (also /rerank and /v2/rerank)."""
 
+    @staticmethod
+    def _unknown(req: dict, known: tuple[str, ...]) -> list[str]:
+        return sorted(k for k in req if k not in known)
+
+    def _refuse_unknown(self, req: dict, known: tuple[str, ...]) -> bool:
+        """As OpenAI's API (--strict): a request field it does not know is a 400."""
+        message = f"Unrecognized request argument supplied: {', '.join(self._unknown(req, known))}"
+        return self.send_json(400, {"error": {"message": message, "type": "invalid_request_error"}})
+
     # --- /v1/embeddings ----------------------------------------------------------------------------------
     def embeddings(self, headers: dict, req: dict, t_recv: float) -> bool:
         """POST /v1/embeddings as vLLM 0.32 answers it (vllm/entrypoints/pooling/embed: EmbeddingResponse dumped
@@ -34,11 +43,9 @@ class PooledEndpoints:
         fmt = req.get("encoding_format", "float")
         if fmt not in ("float", "base64"):
             return self.send_json(400, {"error": {"message": f"unsupported encoding_format {fmt!r}", "code": 400}})
-        if cfg.strict:
-            unknown = sorted(k for k in req if k not in ("model", "input", "encoding_format", "dimensions", "user"))
-            if unknown:
-                message = f"Unrecognized request argument supplied: {', '.join(unknown)}"
-                return self.send_json(400, {"error": {"message": message, "type": "invalid_request_error"}})
+        known = ("model", "input", "encoding_format", "dimensions", "user")
+        if cfg.strict and self._unknown(req, known):
+            return self._refuse_unknown(req, known)
         _, fault = state.next_request(cfg.faults)
         request_id = headers.get("x-request-id", "")
         with state.lock:
@@ -112,12 +119,9 @@ class PooledEndpoints:
         query, documents, top_n = req.get("query"), req.get("documents"), req.get("top_n", 0)
         if not isinstance(query, str) or not isinstance(documents, list) or not documents:
             return self.send_json(400, {"error": {"message": "query and a non-empty documents list", "code": 400}})
-        if cfg.strict:
-            known = ("model", "query", "documents", "top_n", "truncate_prompt_tokens", "user")
-            unknown = sorted(k for k in req if k not in known)
-            if unknown:
-                message = f"Unrecognized request argument supplied: {', '.join(unknown)}"
-                return self.send_json(400, {"error": {"message": message, "type": "invalid_request_error"}})
+        known = ("model", "query", "documents", "top_n", "truncate_prompt_tokens", "user")
+        if cfg.strict and self._unknown(req, known):
+            return self._refuse_unknown(req, known)
         _, fault = state.next_request(cfg.faults)
         request_id = headers.get("x-request-id", "")
         with state.lock:

@@ -101,3 +101,21 @@ def test_auto_is_decided_at_test_start_without_a_preflight(fake_server, tmp_path
     assert len(records) > 0 and (records[records["error_type"] != "cut_off"]["status"] == "ok").all()
     assert len([r for r in caplog.records if r.getMessage().startswith("Server type: openai")]) == 1
     assert json.loads((tmp_path / "run.json").read_text())["server_profile"]["decided"] == "detected"
+
+
+@pytest.mark.contract
+def test_a_strict_server_refuses_a_pooling_request_field_it_does_not_know(fake_server):
+    import urllib.error
+
+    strict = fake_server("--strict")
+    bodies = {
+        "/v1/embeddings": {"model": "m", "input": ["hello"]},
+        "/v1/rerank": {"model": "m", "query": "hello", "documents": ["hello world", "bye"]},
+    }
+    for path, body in bodies.items():
+        assert strict.post(path, body)["usage"]["prompt_tokens"] > 0, path  # the known fields: answered
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            strict.post(path, {**body, "bogus": 1, "also": 2})
+        assert refused.value.code == 400
+        message = json.loads(refused.value.read())["error"]["message"]
+        assert message == "Unrecognized request argument supplied: also, bogus", path
