@@ -57,13 +57,22 @@ def test_a_slowed_step_is_an_outlier_and_the_knee_holds_at_the_servers_batch_lim
 
     summary = json.loads((run_dir / "summary.json").read_text())
     d = summary["diagnosis"]
-    assert d["knee_users"] == 8 and d["knee_range"] == [8, 16], d["text"]
+    text = "\n".join(d["text"])
+    # The knee at the server's batch limit, unless the run flagged its own load generator at a step that decides it
+    # (a busy machine: sends came late, so the server ran fewer streams than the users): then the diagnosis must
+    # name it there, and the knee is not asserted.
+    bound = {int(s["users"]) for s in summary["steps"] if s["generator_bound"] is True}
+    if bound & {8, 16}:
+        for users in sorted(bound & {8, 16}):
+            said = [line for line in d["text"] if line.startswith(f"At {users} users")]
+            assert any("load generator binds" in line or "load generator was flagged" in line for line in said), text
+    else:
+        assert d["knee_users"] == 8 and d["knee_range"] == [8, 16], d["text"]
+        assert "the knee lies between 8 and 16 users" in text
     assert d["outlier_steps"] == [1], d["text"]
     assert d["saturated_users"] == 16, d["text"]  # 8 streams waited for a slot with every slot taken
     assert [s["outlier"] for s in summary["steps"]][1] is True
-    text = "\n".join(d["text"])
     assert "The 2-user step ran slower than the steps around it imply" in text and "TPOT p50 rose" in text
-    assert "the knee lies between 8 and 16 users" in text
     assert "From 16 users the server is past its batch limit" in text
     # The console marks the outlier where its numbers are read, and shows the intervals.
     curve = proc.stdout[proc.stdout.index("Batching curve") :].split("\n\n")[0].splitlines()
