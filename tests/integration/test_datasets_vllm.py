@@ -26,12 +26,14 @@ def test_a_shared_prefix_run_hits_the_prefix_cache(vllm_server, tmp_path):
     print(proc.stdout[-3000:])
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = pd.read_csv(run_dir / "steps.csv")
-    # A step whose window held no prefill (a busy machine's slow first request, or scrapes too sparse) has no rate:
-    # missing, not 0. The steps that measured one found the shared prefix in the cache.
-    rates = steps["prefix_cache_hit_rate"].dropna()
-    assert len(rates) and rates.max() > 0, steps.to_dict("records")
     records = pd.read_parquet(run_dir / "requests.parquet")
     ok = records[records["status"] == "ok"]
+    # A step whose window held no prefill (a busy machine's slow first request, or scrapes too sparse) has no rate:
+    # missing, not 0 (a stress run once finished no request inside the window). The steps that measured one found
+    # the shared prefix in the cache; else the answers' own usage says so (prompt_tokens_details.cached_tokens).
+    rates = steps["prefix_cache_hit_rate"].dropna()
+    assert (rates > 0).all(), steps.to_dict("records")
+    assert len(rates) or (ok["cached_prompt_tokens"] > 0).any(), ok["cached_prompt_tokens"].tolist()
     assert len(ok) >= 4 and (ok["dataset"] == f"shared-prefix:{PREFIX_TOKENS}").all()
     assert (ok["prompt_tokens"] > PREFIX_TOKENS).all() and (ok["max_tokens"] == 32).all()
     run = json.loads((run_dir / "run.json").read_text())

@@ -120,10 +120,13 @@ def test_stepped_run_saturates_the_kv_cache_and_the_report_says_so(vllm_server, 
     top = steps.iloc[-1]
     summary = json.loads((run_dir / "summary.json").read_text())
     diagnosis = summary["diagnosis"]
-    if pd.isna(top["kv_cache_usage_max"]):
+    if pd.isna(top["kv_cache_usage_max"]) or top["requests"] == 0:
         # No scrape of the busy server answered inside the 64-user window (seen once in a stress run, every scrape
-        # of it past its 2 s timeout): its server columns are missing, never 0, and nothing claims room there.
-        assert pd.isna(top["running_mean"]) and pd.isna(top["waiting_max"]), top
+        # of it past its 2 s timeout): its server columns are missing, never 0. Or no request of the slowed server
+        # finished inside it (seen once in a stress run: 64 requests still prefilling and decoding, the cache at
+        # 88 %, the console saying the step completed none). Either way nothing claims room there.
+        if pd.isna(top["kv_cache_usage_max"]):
+            assert pd.isna(top["running_mean"]) and pd.isna(top["waiting_max"]), top
         assert diagnosis["saturated_users"] in (None, 64), diagnosis
         assert not [line for line in diagnosis["text"] if line.startswith("At 64 users") and "room" in line]
         return
