@@ -265,3 +265,20 @@ def _cfg(**options) -> argparse.Namespace:
                     no_energy=False, power_w=None, energy_reset_after=None, down_after=None, down_for=0.0,
                     down_mode="reset")  # fmt: skip
     return argparse.Namespace(**{**defaults, **options})
+
+
+def test_the_reports_energy_part_tabulates_steps_and_gpus_and_is_absent_without_energy():
+    from types import SimpleNamespace
+
+    from vllm_loadtest.analysis.report.energy import energy_html
+
+    records = _records()
+    metrics = _metrics(("a/0", 300.0), ("<b>/1", 100.0))  # a hostname from the exporter: escaped
+    table = compute_table(records, TIMELINE, metrics)
+    part = energy_html(SimpleNamespace(table=table, summary={"energy": energy_summary(table, records, metrics,
+                                                                                        TIMELINE)}))  # fmt: skip
+    assert part.startswith("<h2>Energy</h2>") and "&lt;b&gt;/1" in part and "<b>/1" not in part
+    assert "<td>3000</td><td>15.000 [" in part  # step 0: 3000 J, 15 J per output token, its interval
+    assert "10200 J on 2 GPUs" in part
+    bare = compute_table(records, TIMELINE, None)
+    assert energy_html(SimpleNamespace(table=bare, summary={"energy": None})) == ""
