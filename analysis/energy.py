@@ -29,6 +29,9 @@ from .gpu import gpu_identity
 from .server_metrics import counter_increase
 
 ENERGY_FIELD = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"  # mJ since boot, a counter
+# The names metrics.parquet may hold it under: prometheus_client's text parser names a counter's sample <family>_total
+# when the exporter's name lacks the suffix (DCGM's does), other parsers keep DCGM's name.
+ENERGY_METRICS = (ENERGY_FIELD, f"{ENERGY_FIELD}_total")
 # DCGM_INT64_BLANK (0x7ffffffffffffff0) and the blanks above it: "not supported". gpu.DCGM_BLANK (the int32 blank) is
 # no bound here: a GPU at 700 W passes 2**31 mJ in 51 minutes.
 INT64_BLANK = float(0x7FFFFFFFFFFFFFF0)
@@ -45,7 +48,7 @@ def energy_series(metrics: pd.DataFrame | None) -> pd.DataFrame:
     empty = pd.DataFrame({c: pd.Series(dtype=object) for c in SERIES_COLUMNS})
     if metrics is None or not len(metrics):
         return empty
-    rows = metrics[metrics["metric"] == ENERGY_FIELD]
+    rows = metrics[metrics["metric"].isin(ENERGY_METRICS)]
     if not len(rows):
         return empty
     if "source" not in rows.columns:

@@ -25,9 +25,11 @@ from vllm_loadtest.analysis.energy import (
     step_energy_table,
     window_energy_j,
 )
+from vllm_loadtest.analysis.prometheus_text import parse_gpu_samples
 from vllm_loadtest.analysis.run import compute_table
 
 from tests import fakedcgm
+from tests.helpers.paths import FIXTURES
 from tests.helpers.records import frame, rec
 
 pytestmark = pytest.mark.unit
@@ -115,6 +117,17 @@ def test_an_edge_without_a_scrape_beyond_it_is_extrapolated_only_within_one_inte
 def test_a_gap_inside_the_window_costs_nothing_the_counter_kept_counting():
     times = [t for t in SCRAPES if not 101.0 < t < 106.0]  # the exporter was down for 5 s
     assert window_energy_j(_counter(times, 300.0), 100.0, 107.5, 1.0) == pytest.approx(300.0 * 7.5, rel=1e-12)
+
+
+def test_the_counter_is_read_from_dcgm_exporters_own_text_as_the_scraper_stores_it():
+    # prometheus_client names the counter's sample DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_total; the fixture's GPU 0
+    # reads 9000900000 mJ (scrape k = 3 of the fake's old schedule), its GPU 1 one more.
+    text = (FIXTURES / "dcgm" / "dcgm-exporter-4.5.3-h100x2.txt").read_text()
+    rows = [{"timestamp": 100.0, "metric": name, "labels": json.dumps(labels, sort_keys=True), "value": value,
+             "source": URL} for name, labels, value in parse_gpu_samples(text)]  # fmt: skip
+    series = energy_series(pd.DataFrame(rows))
+    assert series["counter_mj"].tolist() == [9000900000.0, 9000900001.0]
+    assert series["gpu_key"].tolist() == ["gpu-node-1/0", "gpu-node-1/1"]
 
 
 # --- the step table -------------------------------------------------------------------------------------------------
