@@ -17,7 +17,6 @@ with it: every energy column is missing, never 0. Pure: no Locust, no network.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 
@@ -87,7 +86,12 @@ def window_energy_j(counter: pd.Series, start: float, end: float, interval: floa
     t = points.index.to_numpy(dtype=float)
     if len(t) < 2:
         return math.nan
-    mj = sum(_part(points, a, b, start, end) for a, b in itertools.pairwise(t))
+    inner = t[(t >= start) & (t <= end)]  # the scrapes inside: their increase whole, in one call
+    mj = counter_increase(points, inner[0], inner[-1]) if len(inner) >= 2 else 0.0
+    if t[0] < start:  # the pair around the start: its share inside
+        mj += _part(points, t[0], t[1], start, end)
+    if t[-1] > end and not (len(t) == 2 and t[0] < start):  # the pair around the end, unless that same pair
+        mj += _part(points, t[-2], t[-1], start, end)
     covered = min(t[-1], end) - max(t[0], start)  # the part of the window between scrapes
     gap = (max(t[0] - start, 0.0), max(end - t[-1], 0.0))  # the edges no scrape reaches beyond
     if any(g > EXTRAPOLATE * interval for g in gap) or covered <= 0:
