@@ -57,13 +57,17 @@ def energy_series(metrics: pd.DataFrame | None) -> pd.DataFrame:
         raw = group["value"].to_numpy(dtype=float)
         keep = np.isfinite(raw) & (raw >= 0) & (raw < INT64_BLANK)
         if keep.any():
-            who = gpu_identity(json.loads(labels_text), str(source))
+            labels = json.loads(labels_text)
+            # A device counter: dcgm-exporter repeats a MIG GPU's device fields under each instance's GPU_I_ID
+            # (NVIDIA/dcgm-exporter#257, #317); counted once per device, not once per instance.
+            labels.pop("GPU_I_ID", None)
+            who = gpu_identity(labels, str(source))
             times = group["timestamp"].to_numpy(dtype=float)[keep]
             parts.append(pd.DataFrame({"timestamp": times, "counter_mj": raw[keep]}).assign(**who))
     if not parts:
         return empty
     out = pd.concat(parts, ignore_index=True)[SERIES_COLUMNS]
-    out = out.drop_duplicates(["gpu_key", "timestamp"], keep="last")  # a pod label that changed: still one GPU
+    out = out.drop_duplicates(["gpu_key", "timestamp"], keep="last")  # a changed pod label, MIG instances: one GPU
     return out.sort_values(["gpu_key", "timestamp"], kind="stable").reset_index(drop=True)
 
 
@@ -105,8 +109,8 @@ def per_gpu_energy(series: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
     rows = []
     for key, group in series.groupby("gpu_key", sort=True):
         counter = pd.Series(group["counter_mj"].to_numpy(dtype=float), index=group["timestamp"].to_numpy(dtype=float))
-        steps = np.diff(counter.index.to_numpy())
-        interval = float(np.median(steps)) if len(steps) else math.nan
+        gaps = np.diff(counter.index.to_numpy())
+        interval = float(np.median(gaps)) if len(gaps) else math.nan
         who = {c: group[c].iloc[0] for c in IDENTITY}
         for step in timeline:
             start, end = _bounds(step)

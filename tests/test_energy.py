@@ -196,6 +196,10 @@ def test_no_energy_field_leaves_every_column_missing_never_zero():
     assert not len(energy_series(pd.DataFrame(_rows("a/0", blank))))
     big = energy_series(pd.DataFrame(_rows("a/0", _counter(SCRAPES, 700.0, base=5e10))))
     assert len(big) == len(SCRAPES) and big["gpu_key"].unique().tolist() == ["a/0"]
+    # A MIG GPU's instances each repeat the device's counter: one GPU, counted once.
+    counter = _counter(SCRAPES, 300.0)
+    mig = pd.DataFrame(_rows("a/0", counter, {"GPU_I_ID": "1"}) + _rows("a/0", counter, {"GPU_I_ID": "2"}))
+    assert energy_series(mig)["gpu_key"].unique().tolist() == ["a/0"] and len(energy_series(mig)) == len(SCRAPES)
 
 
 def test_a_step_without_scrapes_is_missing_and_the_others_keep_their_value():
