@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import __version__ as SUITE_VERSION
-from . import capacity, roofline, servers
+from . import capacity, energy, roofline, servers
 from .adaptive import step_lengths_text
 from .arrivals import Arrivals, arrivals_of_run
 from .batch import run_kind
@@ -152,6 +152,8 @@ def _summary(outcome: Outcome) -> dict:
         "capacity": outcome.capacity,
         "arrivals": None if outcome.arrivals is None else outcome.arrivals.to_dict(),
         "ceiling": outcome.ceiling,
+        # The GPUs' energy (issue 35): the run's totals and each GPU's joules per step; null without the counter.
+        "energy": energy.energy_summary(outcome.table, records, outcome.metrics, run.get("timeline") or []),
         "workers": run.get("workers") or [],
         "server_version": run.get("server_version"),
         "suite_version": run.get("suite_version") or SUITE_VERSION,
@@ -200,6 +202,9 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
     gpu_lines = roofline.console_lines(table)  # only when a step saw a GPU
     if gpu_lines:
         echo("\n".join(gpu_lines))
+    energy_lines = energy.console_lines(table)  # only when a GPU exports its energy counter
+    if energy_lines:
+        echo("\n".join(energy_lines))
     turns = None
     if has_turns(full):  # a conversation run (--turns): the per-turn table after the step table
         turns = turn_table(full, timeline, servers.of_run(run).cached_tokens_zero_omitted)

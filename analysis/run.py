@@ -12,6 +12,7 @@ import pandas as pd
 from .adaptive import end_reasons
 from .batch import BATCH_COLUMNS
 from .diskio import replace_file
+from .energy import step_energy_table
 from .generator import merge_generator, step_generator_table
 from .gpu import GPU_COLUMNS, step_gpu_table
 from .reasoning import REASONING_COLUMNS
@@ -74,7 +75,9 @@ def compute_table(
     # Reasoning and tool calls (issue 18) after why each step ended, then the batch kinds (issues 19, 33), then GPU
     # (issue 20; its columns in the glossary's order, whichever module fills them).
     tail = REASONING_COLUMNS + BATCH_COLUMNS + [c for c in GPU_COLUMNS if c in table.columns]
-    return table[[c for c in table.columns if c not in tail] + tail]
+    table = table[[c for c in table.columns if c not in tail] + tail]
+    # The GPUs' energy per step, per output token and per request (issue 35), after the GPU section.
+    return table.merge(step_energy_table(metrics, timeline, table, records), on="step", how="left")
 
 
 def merged(run_dir: Path, write: bool = True) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:

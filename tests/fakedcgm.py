@@ -8,8 +8,11 @@ every value differs between scrapes and GPUs (an average taken over the wrong sa
   DCGM_FI_PROF_SM_ACTIVE    = ((13 k + 29 g) % 97) / 100     (ratio)
   DCGM_FI_PROF_DRAM_ACTIVE  = ((17 k + 31 g) % 89) / 100     (ratio)
   DCGM_FI_DEV_FB_USED       = 70000 + 1000 g + (k % 50) * 8  (MiB, an integer)
-  DCGM_FI_DEV_POWER_USAGE   = 300 + 10 g + (k % 10) * 1.25   (W)
+  DCGM_FI_DEV_POWER_USAGE   = 300 + 10 g + (k % 10) * 1.25   (W; --power-w W[,W...]: constant, per GPU)
   (POST /values {"util": 87, ...} pins a field to one value for every GPU instead; {} goes back to the schedule.)
+  DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION (mJ since "boot", an integer): the exact integral of the power it reports,
+  each answer's watts held until the next answer (a GPU draws what it last reported), from 9e9 + g mJ at start;
+  --energy-reset-after S restarts it from 0 at S seconds after start (a driver reload), --no-energy leaves it out.
 
 Control: POST /down {"down": true} makes every scrape fail until POST /down {"down": false}.
 
@@ -74,6 +77,7 @@ INTEGER_FIELDS = {
     "DCGM_FI_DEV_VGPU_LICENSE_STATUS", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_FAILURE",
 }  # fmt: skip
+ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
 SCHEDULED = {
     "util": "DCGM_FI_DEV_GPU_UTIL",
     "sm_active": "DCGM_FI_PROF_SM_ACTIVE",
@@ -99,19 +103,33 @@ def _value(field: str, value: float) -> str:
     return str(int(value)) if field in INTEGER_FIELDS else f"{value:f}"
 
 
-def render(k: int, cfg: argparse.Namespace, pinned: dict) -> tuple[str, list[dict]]:
-    """Scrape k's text, and each GPU's values of the scheduled fields."""
+def values(k: int, cfg: argparse.Namespace, pinned: dict) -> list[dict]:
+    """Each GPU's values of the scheduled fields in scrape k: the schedule, --power-w, then what POST /values pinned."""
+    out = []
+    for g in range(cfg.gpus):
+        v = scheduled(k, g)
+        if cfg.power_w:
+            v["power_w"] = cfg.power_w[g % len(cfg.power_w)]
+        out.append({**v, **pinned})
+    return out
+
+
+def render(
+    k: int, cfg: argparse.Namespace, pinned: dict, energy_mj: list[float] | None = None
+) -> tuple[str, list[dict]]:
+    """Scrape k's text, and each GPU's values of the scheduled fields (with its energy counter in mJ)."""
     truth = []
     values_by_gpu = []
-    for g in range(cfg.gpus):
-        v = {**scheduled(k, g), **pinned}
+    for g, v in enumerate(values(k, cfg, pinned)):
+        energy = int(energy_mj[g]) if energy_mj is not None else 9_000_000_000 + g
+        v = {**v, "energy_mj": energy}
         truth.append(v)
         used = int(v["fb_used_mib"])
         values_by_gpu.append(
             {
                 "DCGM_FI_DEV_SM_CLOCK": 1980, "DCGM_FI_DEV_MEM_CLOCK": 2619, "DCGM_FI_DEV_MEMORY_TEMP": 41 + g,
                 "DCGM_FI_DEV_GPU_TEMP": 52 + g, "DCGM_FI_DEV_POWER_USAGE": v["power_w"],
-                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": 9_000_000_000 + k * 300_000 + g,
+                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": energy,
                 "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0, "DCGM_FI_DEV_GPU_UTIL": v["util"],
                 "DCGM_FI_DEV_MEM_COPY_UTIL": int(v["dram_active"] * 100), "DCGM_FI_DEV_ENC_UTIL": 0,
                 "DCGM_FI_DEV_DEC_UTIL": 0, "DCGM_FI_DEV_XID_ERRORS": 0,
@@ -128,7 +146,7 @@ def render(k: int, cfg: argparse.Namespace, pinned: dict) -> tuple[str, list[dic
     lines = []
     for field, kind, help_text in COUNTERS:
         profiling = field.startswith("DCGM_FI_PROF_")
-        if profiling and cfg.no_profiling:
+        if (profiling and cfg.no_profiling) or (field == ENERGY and cfg.no_energy):
             continue
         lines += [f"# HELP {field} {help_text}", f"# TYPE {field} {kind}"]
         for g in range(cfg.gpus):
@@ -154,6 +172,26 @@ class State:
         self.failed = 0
         self.pinned: dict = {}
         self.forced_down = False  # POST /down {"down": true}
+        # Each GPU's energy counter (mJ) at `energy_at` (monotonic), and the watts it draws since (its last answer's).
+        self.energy_mj = [9_000_000_000.0 + g for g in range(cfg.gpus)]
+        self.energy_at = self.started
+        self.drawing_w: list[float] | None = None  # before the first answer: that answer's watts
+        self.reset_done = cfg.energy_reset_after is None
+
+    def advance_energy(self, now: float, power_w: list[float]) -> list[float]:
+        """The energy counters at `now`: each GPU's watts held since the last answer integrated exactly (a restart
+        from 0 at --energy-reset-after counts only what was drawn since); then draw `power_w` (this answer's)."""
+        drawing = self.drawing_w if self.drawing_w is not None else power_w
+        reset_at = None if self.reset_done else self.started + self.cfg.energy_reset_after
+        for g, watts in enumerate(drawing):
+            if reset_at is not None and reset_at <= now:
+                self.energy_mj[g] = watts * (now - max(reset_at, self.energy_at)) * 1000.0
+            else:
+                self.energy_mj[g] += watts * (now - self.energy_at) * 1000.0
+        if reset_at is not None and reset_at <= now:
+            self.reset_done = True
+        self.energy_at, self.drawing_w = now, list(power_w)
+        return list(self.energy_mj)
 
     def down(self) -> bool:
         if self.forced_down:
@@ -199,8 +237,10 @@ class Handler(BaseHTTPRequestHandler):
         with st.lock:
             k = st.k
             st.k += 1
-            text, truth = render(k, st.cfg, st.pinned)
-            st.served.append({"served_at": time.time(), "k": k, "gpus": truth})
+            now, wall = time.monotonic(), time.time()
+            energy = st.advance_energy(now, [v["power_w"] for v in values(k, st.cfg, st.pinned)])
+            text, truth = render(k, st.cfg, st.pinned, energy)
+            st.served.append({"served_at": wall, "k": k, "gpus": truth})
         self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
 
     def do_POST(self) -> None:
@@ -237,6 +277,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--driver", default="550.54.15")
     p.add_argument("--no-profiling", action="store_true", help="leave out every DCGM_FI_PROF_* family")
     p.add_argument("--blank-profiling", action="store_true", help="serve DCGM_FI_PROF_* as DCGM's blank value")
+    p.add_argument("--no-energy", action="store_true", help="leave out DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
+    p.add_argument("--power-w", type=lambda t: [float(w) for w in t.split(",")], default=None,
+                   help="constant watts per GPU (one for all, or one per GPU): the energy's known truth")  # fmt: skip
+    p.add_argument("--energy-reset-after", type=float, default=None,
+                   help="seconds after start when the energy counter restarts from 0")  # fmt: skip
     p.add_argument("--down-after", type=float, default=None, help="seconds after start when scrapes begin to fail")
     p.add_argument("--down-for", type=float, default=0.0, help="seconds the scrapes fail")
     p.add_argument("--down-mode", default="reset", choices=["reset", "http503"])

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 from vllm_loadtest.analysis import glossary as g
 from vllm_loadtest.analysis.batch import BATCH_COLUMNS, EMBEDDINGS_COLUMNS, batch_row, batch_spans, console_lines
+from vllm_loadtest.analysis.energy import ENERGY_COLUMNS
 from vllm_loadtest.analysis.finish import finish_run
 from vllm_loadtest.analysis.gpu import GPU_COLUMNS
 from vllm_loadtest.analysis.records import RecordWriter, RequestRecord
@@ -123,7 +124,7 @@ def truth_inputs_per_s(users: int) -> float:
 def test_steps_csv_ends_with_the_embeddings_section_in_the_contracts_order(finished):
     outcome, _ = finished
     csv = pd.read_csv(outcome.run_dir / "steps.csv")
-    tail = BATCH_COLUMNS + GPU_COLUMNS  # issue 20's GPU section after it
+    tail = BATCH_COLUMNS + GPU_COLUMNS + ENERGY_COLUMNS  # issue 20's GPU section after it, then issue 35's energy
     assert list(csv.columns[-len(tail) :]) == tail
     assert EMBEDDINGS_COLUMNS[:15] == [
         "inputs_per_s", "prompt_tok_s", "e2e_p50_s", "e2e_p95_s", "e2e_p99_s",

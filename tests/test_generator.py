@@ -10,6 +10,7 @@ import pytest
 from vllm_loadtest.analysis.adaptive import STEP_END_COLUMNS
 from vllm_loadtest.analysis.batch import BATCH_COLUMNS
 from vllm_loadtest.analysis.diagnosis import KV_CACHE, LOAD_GENERATOR, diagnose
+from vllm_loadtest.analysis.energy import ENERGY_COLUMNS
 from vllm_loadtest.analysis.generator import (
     CPU_BOUND,
     GENERATOR_COLUMNS,
@@ -103,7 +104,7 @@ def test_without_samples_every_step_is_missing_and_nothing_is_flagged():
     # The self-check columns, then the later sections (open loop, intervals, step end; no server bounds without
     # metrics): steps.csv only gains columns at its end.
     tail = GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS + STEP_END_COLUMNS + REASONING_COLUMNS
-    tail += BATCH_COLUMNS + GPU_COLUMNS
+    tail += BATCH_COLUMNS + GPU_COLUMNS + ENERGY_COLUMNS
     assert list(table.columns[-len(tail) :]) == tail
     assert table["generator_lag_p99_s"].isna().all() and table["generator_bound"].isna().all()
     assert LOAD_GENERATOR not in diagnose(table).binding.values() and "generator" not in format_table(table).lower()

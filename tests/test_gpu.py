@@ -232,12 +232,14 @@ def test_without_gpu_telemetry_the_window_times_are_still_written():
     assert table["gpus"].isna().all() and table[STEP_GPU_COLUMNS[3:]].isna().all().all()
 
 
-def test_steps_csv_ends_with_the_gpu_section_in_the_glossarys_order():
+def test_steps_csv_ends_with_the_gpu_section_then_energy_in_the_glossarys_order():
     records = frame([rec(i, 0, 1, 101.0 + i, 0.1, 8, 0.01) for i in range(5)])
     table = compute_table(records, TIMELINE[:1], _metrics((105.0, URL_A, H100)))
     mine = [c for c in GPU_COLUMNS if c in STEP_GPU_COLUMNS]
     section = glossary.names(glossary.GPU)  # this module's columns, then the roofline verdict's (analysis/roofline.py)
-    assert list(table.columns)[-len(section) :] == section and section[: len(mine)] == mine == STEP_GPU_COLUMNS
+    energy = len(glossary.names(glossary.ENERGY))  # then the energy section (analysis/energy.py), last
+    assert list(table.columns)[-len(section) - energy : -energy] == section
+    assert section[: len(mine)] == mine == STEP_GPU_COLUMNS
     row = table.iloc[0]
     assert row["gpus"] == 2 and row["gpu_util_mean"] == pytest.approx(0.26)
     assert row["gpu_mem_used_max_bytes"] == 71024 * MIB and row["window_start_time"] == 100.0

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from vllm_loadtest.analysis.adaptive import STEP_END_COLUMNS
 from vllm_loadtest.analysis.batch import BATCH_COLUMNS
+from vllm_loadtest.analysis.energy import ENERGY_COLUMNS
 from vllm_loadtest.analysis.generator import GENERATOR_COLUMNS
 from vllm_loadtest.analysis.gpu import GPU_COLUMNS
 from vllm_loadtest.analysis.reasoning import REASONING_COLUMNS
@@ -60,6 +61,7 @@ def test_stepped_headless_run_writes_records_and_the_step_table(fake_server, tmp
         + REASONING_COLUMNS
         + BATCH_COLUMNS
         + GPU_COLUMNS
+        + ENERGY_COLUMNS
     )
     assert set(steps["end_reason"]) == {"fixed"}
     # The fake server's /metrics was scraped: its counters match the client's records exactly, but for a stream cut

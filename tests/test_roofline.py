@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from vllm_loadtest.analysis import roofline
-from vllm_loadtest.analysis.glossary import GPU, names
+from vllm_loadtest.analysis.glossary import ENERGY, GPU, names
 from vllm_loadtest.analysis.roofline import (
     COMPUTE_BOUND,
     MEMORY_BOUND,
@@ -235,14 +235,18 @@ def test_steps_csv_ends_with_the_verdict_columns(monkeypatch):
 
     metrics = metrics_frame(T, values)
     table = compute_table(records(), TIMELINE, metrics, None)
-    assert list(table.columns[-len(VERDICT_COLUMNS) :]) == VERDICT_COLUMNS
-    assert list(table.columns[-len(names(GPU)) :]) == names(GPU)  # the GPU section, last
+    gpu_end = len(table.columns) - len(names(ENERGY))  # the GPU section, then the energy section (issue 35), last
+    assert list(table.columns[gpu_end - len(VERDICT_COLUMNS) : gpu_end]) == VERDICT_COLUMNS
+    assert list(table.columns[gpu_end - len(names(GPU)) : gpu_end]) == names(GPU)
+    assert list(table.columns[gpu_end:]) == names(ENERGY)
     row = table.iloc[0]
     assert row["gpu_regime"] == MEMORY_BOUND
     assert row["gpu_dram_active_ci_low"] < 0.821 < row["gpu_dram_active_ci_high"]
     # A run without GPU metrics: the columns are there, empty.
     plain = compute_table(records(), TIMELINE, None, None)
-    assert list(plain.columns[-len(VERDICT_COLUMNS) :]) == VERDICT_COLUMNS
+    plain_end = len(plain.columns) - len(names(ENERGY))
+    assert list(plain.columns[plain_end - len(VERDICT_COLUMNS) : plain_end]) == VERDICT_COLUMNS
+    assert plain[names(ENERGY)].isna().all().all()
     assert plain[VERDICT_COLUMNS].isna().all().all()
 
 

@@ -43,6 +43,7 @@ from .docs import (  # noqa: F401
     DOCS_FILE,
     docs_markdown,
 )
+from .energy import ENERGY  # noqa: F401
 from .formulas import (  # noqa: F401
     aggregate_tok_s,
     answer_tokens,

@@ -14,6 +14,7 @@ from ..thresholds import (
     LAG_SHARE,
 )
 from .columns import EMBEDDINGS, GENERATOR, OPEN_LOOP, REASONING, RERANK, SERVER, STEP, TURNS, Column
+from .energy import ENERGY
 from .registry import STEP_TABLE, columns
 
 # --- the console's tables ------------------------------------------------------------------------------------
@@ -106,6 +107,13 @@ SECTIONS = {
         "interval)",
         ("step", "users", "requests", "errors"),
         ("documents_per_s", "prompt_tok_s", "e2e_p50_s", "e2e_p95_s", "e2e_p99_s"),
+    ),
+    ENERGY: Section(
+        ENERGY,
+        "Energy (the GPUs' energy counters over each step's measured window, summed over the GPUs; J/token: per "
+        "output token completed in the window, J/request: per request completed in it; W/GPU: mean power from the "
+        "energy, beside the GPU table's power readings)",
+        ("step", "users"),
     ),
     OPEN_LOOP: Section(
         OPEN_LOOP,

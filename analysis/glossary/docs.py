@@ -22,6 +22,7 @@ from .columns import (
     UNCERTAINTY,
     Column,
 )
+from .energy import ENERGY
 from .metrics import markdown_table
 from .registry import WEB_UI, columns
 
@@ -105,6 +106,16 @@ _DOCS_SECTIONS = [
      "(DCGM_FI_PROF_* on a consumer GPU; DCGM_FI_PROF_SM_ACTIVE is not in dcgm-exporter's default counters) and "
      "DCGM's blank values are missing, never 0. Then the roofline verdict on them (`analysis/roofline.py`, "
      "[gpu-telemetry.md](../how-to/gpu-telemetry.md#reading-the-gpu-verdict))."),
+    (ENERGY, "steps.csv: energy", "The GPUs' energy per step (issue 35, `analysis/energy.py`, "
+     "[gpu-telemetry.md](../how-to/gpu-telemetry.md#energy-per-token-and-per-request)), after the GPU section, last in "
+     "steps.csv: dcgm-exporter's DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION, a counter in mJ since boot, over each step's "
+     "measured window. A window rarely starts or ends on a scrape: the counter's value at each edge is interpolated "
+     "between the two scrapes around it, exact when the power holds between them and otherwise off by at most the "
+     "power's change within one scrape interval at each edge (scaling the increase between the scrapes around the "
+     "whole window to its length would mix in up to two intervals of power outside it). Gaps inside the window cost "
+     "nothing: the counter kept counting. A GPU without the field (or with DCGM's blank value) is left out and "
+     "energy_gpus counts the others; a run without it leaves every column empty, never 0. The run's totals, and "
+     "each GPU's joules per step, are summary.json's `energy`."),
     (TURNS, "turns.csv: per turn", "Conversation runs (`--turns`) only: one row per turn index, from "
      "requests.parquet (`analysis/turns.py`); on the console as \"Per turn\", after the step table. A turn's "
      "requests are the k-th request of every conversation, over every step, measured by the step table's rules "

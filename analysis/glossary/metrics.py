@@ -347,6 +347,9 @@ _METRICS += [
     Metric("gpu_mem_used", "bytes", f"DCGM_FI_DEV_FB_USED (MiB) * 2**20: framebuffer memory in use, {_DCGM}. vLLM "
            "reserves its KV cache at start, so this stays near --gpu-memory-utilization whatever the load."),
     Metric("gpu_power", "W", f"DCGM_FI_DEV_POWER_USAGE: the board's power draw, {_DCGM}."),
+    Metric("gpu_energy", "J", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION / 1000: the GPU's energy since boot (a counter, "
+           f"in mJ), {_DCGM}; its increase over a window is the energy drawn in it, readings between scrapes "
+           "included (issue 35)."),
 ]  # fmt: skip
 
 GLOSSARY: dict[str, Metric] = {m.name: m for m in _METRICS}
