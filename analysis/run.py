@@ -14,6 +14,7 @@ from .batch import BATCH_COLUMNS
 from .diskio import replace_file
 from .generator import merge_generator, step_generator_table
 from .gpu import GPU_COLUMNS, step_gpu_table
+from .lora import LORA_COLUMNS, lora_step_table
 from .reasoning import REASONING_COLUMNS
 from .records import merge_records, single_model
 from .roofline import roofline_table, samples
@@ -71,9 +72,11 @@ def compute_table(
     # roofline verdict on the same samples.
     table = table.merge(step_gpu_table(metrics, timeline), on="step", how="left")
     table = table.merge(roofline_table(samples(metrics), timeline), on="step", how="left")
+    # vLLM's LoRA adapters running and waiting (issue 35), empty without vllm:lora_requests_info.
+    table = table.merge(lora_step_table(metrics, timeline), on="step", how="left")
     # Reasoning and tool calls (issue 18) after why each step ended, then the batch kinds (issues 19, 33), then GPU
-    # (issue 20; its columns in the glossary's order, whichever module fills them).
-    tail = REASONING_COLUMNS + BATCH_COLUMNS + [c for c in GPU_COLUMNS if c in table.columns]
+    # (issue 20; its columns in the glossary's order, whichever module fills them), then LoRA (issue 35).
+    tail = REASONING_COLUMNS + BATCH_COLUMNS + [c for c in GPU_COLUMNS if c in table.columns] + LORA_COLUMNS
     return table[[c for c in table.columns if c not in tail] + tail]
 
 

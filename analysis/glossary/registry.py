@@ -41,6 +41,7 @@ from .columns import (
     StepData,
     is_missing,
 )
+from .models import LORA, LORA_COLUMNS, MODEL_COLUMNS
 
 _REQUEST_COLUMNS = [
     Column("request_id", REQUESTS, "text", "Unique id of the request, given by the client.", live=True),
@@ -228,6 +229,8 @@ COLUMNS: dict[tuple[str, str], Column] = {
     + _REQUEST_COLUMNS
     + _LIVE_COLUMNS
     + _TURN_COLUMNS
+    + LORA_COLUMNS
+    + MODEL_COLUMNS
 }
 # One column per name in the step table (steps.csv and the web UI's row): the requests' columns may share a name.
 STEP_TABLE: dict[str, Column] = {
@@ -247,6 +250,7 @@ STEP_TABLE: dict[str, Column] = {
         RERANK,
         GPU,
         LIVE,
+        LORA,
     )
 }
 
