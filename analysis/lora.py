@@ -81,18 +81,22 @@ def _in_window(states: pd.DataFrame, step: dict, stop_time: float) -> pd.DataFra
     return states[(states["timestamp"] >= start) & (states["timestamp"] <= end)]
 
 
-def lora_step_table(metrics: pd.DataFrame | None, timeline: list[dict]) -> pd.DataFrame:
-    """steps.csv's LoRA section: per step the most adapters running and waiting at once, and max_lora, over the
-    scrapes inside its measured window; empty (NaN) without them."""
+def lora_step_table(metrics: pd.DataFrame | None, timeline: list[dict], records: pd.DataFrame) -> pd.DataFrame:
+    """steps.csv's LoRA section: per step the models its requests asked for (when more than one), the most adapters
+    running and waiting at once and max_lora, over the scrapes inside its measured window; empty (NaN) without them."""
     states = lora_states(metrics)
+    sent = records[~records["warmup"].astype(bool)] if "model" in records.columns else records.iloc[:0]
+    models = sent.groupby("step")["model"].nunique() if "model" in sent.columns else pd.Series(dtype=int)
     rows = []
     for step in timeline:
         if "step" not in step:
             continue
         inside = _in_window(states, step, math.inf)
         empty = not len(inside)
+        asked = int(models.get(int(step["step"]), 0))
         rows.append({
             "step": int(step["step"]),
+            "lora_models": asked if asked > 1 else math.nan,
             "lora_running_max": math.nan if empty else max(map(len, inside["running"])),
             "lora_waiting_max": math.nan if empty else max(map(len, inside["waiting"])),
             "lora_max_loras": math.nan if empty else float(inside["max_lora"].max()),

@@ -73,7 +73,7 @@ def compute_table(
     table = table.merge(step_gpu_table(metrics, timeline), on="step", how="left")
     table = table.merge(roofline_table(samples(metrics), timeline), on="step", how="left")
     # vLLM's LoRA adapters running and waiting (issue 35), empty without vllm:lora_requests_info.
-    table = table.merge(lora_step_table(metrics, timeline), on="step", how="left")
+    table = table.merge(lora_step_table(metrics, timeline, records), on="step", how="left")
     # Reasoning and tool calls (issue 18) after why each step ended, then the batch kinds (issues 19, 33), then GPU
     # (issue 20; its columns in the glossary's order, whichever module fills them), then LoRA (issue 35).
     tail = REASONING_COLUMNS + BATCH_COLUMNS + [c for c in GPU_COLUMNS if c in table.columns] + LORA_COLUMNS

@@ -116,7 +116,7 @@ def check(options) -> None:
         raise ValueError(
             f"--lora-mix applies to --endpoint completions or chat, not {options.endpoint}; drop --lora-mix"
         )
-    if getattr(options, "trace", ""):
+    if options.trace:
         raise ValueError("--lora-mix does not apply to a trace replay (--trace): its rows' bodies are built ahead")
 
 

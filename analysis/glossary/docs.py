@@ -113,7 +113,8 @@ _DOCS_SECTIONS = [
      "exact, with order-statistic intervals as in steps.csv; the prefix-cache hit rate is the server's own count "
      "per request (usage.prompt_tokens_details.cached_tokens), so it needs a server that sends it (vLLM: "
      "`--enable-prompt-tokens-details`, on in the embedded server; SGLang: `--enable-cache-report`)."),
-    (LORA, "steps.csv: LoRA adapters", "vLLM's LoRA adapters over each step's measured window, after the GPU "
+    (LORA, "steps.csv: LoRA adapters", "A model mix (`--lora-mix`): how many models each step's requests asked for, "
+     "then vLLM's LoRA adapters over each step's measured window, after the GPU "
      "section (`analysis/lora.py`), from `vllm:lora_requests_info` (vLLM with `--enable-lora`): a gauge whose labels "
      "name the adapters running and waiting (comma-separated) and `max_lora`, set to the current time whenever the "
      "engine logs; vLLM keeps every label set it has seen, so a scrape's state is the set with the largest value. "

@@ -87,6 +87,9 @@ MODEL_COLUMNS = [
 
 # steps.csv, LoRA (issue 35): after the GPU section. Written for every run, empty without vllm:lora_requests_info.
 LORA_COLUMNS = [
+    Column("lora_models", LORA, "models", "How many models the step's requests sent after its warm-up asked for, when "
+           "more than one (a --lora-mix: models.csv has their rows); empty when one.", "count of distinct model",
+           label="Models", header="models", fmt="int", shows="value"),
     Column("lora_running_max", LORA, "adapters", f"Most LoRA adapters running at once, {_SCRAPES}; empty without "
            "vllm:lora_requests_info (a server without --enable-lora).", "max of len(running_lora_adapters)",
            label="Adapters running max", header="running max", fmt="int", shows="value"),
