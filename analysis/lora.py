@@ -58,7 +58,7 @@ def lora_states(metrics: pd.DataFrame | None) -> pd.DataFrame:
     if metrics is None or not len(metrics):
         return out
     rows = server_rows(metrics)
-    rows = rows[rows["metric"] == LORA_INFO]
+    rows = rows[(rows["metric"] == LORA_INFO) & rows["value"].notna()]
     if not len(rows):
         return out
     latest = rows.loc[rows.groupby("timestamp")["value"].idxmax()]
@@ -140,16 +140,18 @@ def model_table(records: pd.DataFrame, timeline: list[dict], run: dict, metrics:
     named = {n for names in (*states["running"], *states["waiting"]) for n in names}
     stop_time = max((float(t["end_time"]) for t in timeline if t.get("end_time") is not None), default=math.inf)
     step_sent = records.loc[sent, "step"].value_counts()
+    model_sent = records.loc[sent].groupby(["step", "model"]).size()
+    ok_all = records[counted & (records["status"] == "ok")]
+    oks = dict(tuple(ok_all.groupby(["step", "model"])))  # one pass over the records, not one per step and model
     rows = []
     for model in [*weights, *(m for m in models_of(records) if m not in weights)]:
-        mine = records["model"] == model
-        table = step_table(records[mine], timeline).set_index("step")  # the step table's columns, this model's
+        table = step_table(records[records["model"] == model], timeline).set_index("step")  # this model's
         for step in timeline:
             s = int(step["step"])
-            n, k = int(step_sent.get(s, 0)), int((mine & sent & (records["step"] == s)).sum())
+            n, k = int(step_sent.get(s, 0)), int(model_sent.get((s, model), 0))
             share = wilson_interval(k, n)
             core = table.loc[s]
-            ok = records[mine & counted & (records["step"] == s) & (records["status"] == "ok")]
+            ok = oks.get((s, model), ok_all.iloc[:0])
             running, waiting = _adapter_shares(_in_window(states, step, stop_time), model, named)
             rows.append({
                 "step": s, "users": int(step["users"]), "rate_rps": step.get("rate_rps"), "model": model,

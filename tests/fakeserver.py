@@ -22,6 +22,10 @@ the body (last_sent_wall). Faults wrong_count, ragged and no_usage break its bod
 POST /v1/rerank (and /rerank, /v2/rerank) answers the same way with one item per document: results sorted by a
 score that is the share of each document's words found in the query, top_n of them; its /truth entry has the
 documents, the results and the prompt tokens (query + document per pair). Faults wrong_count, bad_index, no_usage.
+
+With --lora a1=5,a2 it serves LoRA adapters under --model as vLLM with --lora-modules does: /v1/models lists them
+with parent = --model, a request may ask for one (any other model is a 404), each streams at its own ITL when given,
+each /truth entry says the model asked for, and /metrics exports vllm:lora_requests_info.
 """
 
 from __future__ import annotations
