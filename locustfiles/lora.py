@@ -21,7 +21,6 @@ from typing import ClassVar
 
 from gevent.event import AsyncResult
 
-from ..analysis import kinds
 from . import options as opts_mod
 from .declare import option
 from .preflight import SetupError, model_entries
@@ -107,15 +106,11 @@ def parse_mix(text: str) -> list[tuple[str, float]] | None:
 
 
 def check(options) -> None:
-    """What can be checked without a server: the value's form, and a request kind and plan that can carry a mix."""
+    """What can be checked without a server: the value's form, and a load plan that can carry a mix."""
     text = (options.lora_mix or "").strip()
     if not text:
         return
     parse_mix(text)
-    if not kinds.of(options.endpoint).streams:
-        raise ValueError(
-            f"--lora-mix applies to --endpoint completions or chat, not {options.endpoint}; drop --lora-mix"
-        )
     if options.trace:
         raise ValueError("--lora-mix does not apply to a trace replay (--trace): its rows' bodies are built ahead")
 

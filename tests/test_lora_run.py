@@ -144,3 +144,19 @@ def test_auto_against_a_server_without_adapters_says_how_to_serve_them(tmp_path)
     finally:
         server.stop()
     assert "lists no adapter under the base model 'base'" in line and "--enable-lora --lora-modules" in line
+
+
+def test_an_embeddings_run_draws_its_models_too(fake, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = locust(
+        "--host", fake.url, "--endpoint", "embeddings", "--dataset", "synthetic:16", "--steps", "1",
+        "--step-duration", "2s", "--step-warmup", "0s", "--lora-mix", "a1:1,a2:1", "--no-report",
+        "--run-dir", str(run_dir), timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = pd.read_parquet(run_dir / "requests.parquet")
+    asked = {p["request_id"]: p["body"]["model"] for p in fake.get("/prompts")["prompts"] if "input" in p}
+    assert set(records["model"]) == {"a1", "a2"} and all(asked[i] == m for i, m in zip(records["request_id"],
+                                                                                        records["model"]))  # fmt: skip
+    models = pd.read_csv(run_dir / "models.csv")
+    assert models["sent"].sum() == models["step_sent"].iloc[0] and (models["expected_share"] == 0.5).all()
