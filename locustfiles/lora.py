@@ -190,6 +190,16 @@ class Mixes:
         return mix
 
 
+    def for_user(self, user, opts) -> tuple[Mix, random.Random] | None:
+        """A user's mix and its own generator of draws, or None without --lora-mix; a mix that cannot be resolved
+        stops the run as bad input (exit code 3, as the model's lookup). After the user's seed is set."""
+        try:
+            mix = self.mix(opts, user.host, user.model)
+        except SetupError as e:
+            raise user.shared._setup_error(e) from None
+        return None if mix is None else (mix, user_rng(user._seed))
+
+
 def user_rng(seed: str) -> random.Random:
     """A user's draws of models: its own stream, apart from its prompts' (seeded by its seed and "lora")."""
     return random.Random(f"{seed}:lora")

@@ -20,9 +20,8 @@ from ...analysis import error_body
 from ...analysis.embedding_response import BAD_RESPONSE
 from ...analysis.records import RequestRecord
 from ...analysis.sse import CONNECTION_ERROR, CUT_OFF, TIMEOUT
-from .. import datasets, lora, request_options
+from .. import datasets, request_options
 from ..openloop import Slot
-from ..preflight import SetupError
 from .base import LLMRequestError, Requester
 
 # The groups' request bytes are serialized once per process when the groups before they repeat hold at most this
@@ -148,12 +147,10 @@ class BatchRequester(FetchRequester):
         self._groups = len(self._texts) // math.gcd(len(self._texts), size)
         self._next_body = 0 if isinstance(source, datasets.FixedSource) else self.rng.randrange(self._groups)
         self._per_request = any(item.per_request for item in items)
-        try:
-            self.mix = user.run.features["lora"].mix(opts, user.host, user.model)  # --lora-mix (locustfiles/lora.py)
-        except SetupError as e:
-            raise user.shared._setup_error(e) from None
-        if self.mix is not None:
-            self.model_rng = lora.user_rng(user._seed)
+        self.mix = None  # --lora-mix (locustfiles/lora.py): each request's model drawn from it
+        drawn = user.run.features["lora"].for_user(user, opts)
+        if drawn is not None:
+            self.mix, self.model_rng = drawn
         # The groups' bodies of each model (one set without a mix): the model each body names is self.model.
         self.bodies_of = {m: self._prepared(dataset, m) for m in (self.mix.names if self.mix else (user.model,))}
         self.model = self.mix.names[0] if self.mix else user.model

@@ -26,10 +26,9 @@ from ...analysis.sse import (
     ParsedStream,
     StreamParser,
 )
-from .. import datasets, lora, request_options
+from .. import datasets, request_options
 from ..conversation import ConversationPlayer
 from ..openloop import Slot
-from ..preflight import SetupError
 from .base import LLMRequestError, Requester
 
 _PLACEHOLDER = datasets.REQUEST_ID_PLACEHOLDER.encode("latin-1")
@@ -121,12 +120,10 @@ class StreamingRequester(Requester):
         self.rng = random.Random(user._seed)
         # `fixed` starts every user at the first prompt, as before sources; the others spread the users out.
         self._next_body = 0 if isinstance(source, datasets.FixedSource) else self.rng.randrange(len(self.items))
-        try:
-            self.mix = user.run.features["lora"].mix(opts, user.host, user.model)
-        except SetupError as e:
-            raise user.shared._setup_error(e) from None
-        if self.mix is not None:
-            self.model_rng = lora.user_rng(user._seed)  # its own stream: the prompts' draws stay as without a mix
+        # --lora-mix (locustfiles/lora.py): the models drawn from their own stream, the prompts' draws as without
+        drawn = user.run.features["lora"].for_user(user, opts)
+        if drawn is not None:
+            self.mix, self.model_rng = drawn
         fields = user.fields
         models = self.mix.names if self.mix is not None else (user.model,)
         if self.max_tokens.varies:
