@@ -120,7 +120,7 @@ class StreamingRequester(Requester):
         self.rng = random.Random(user._seed)
         # `fixed` starts every user at the first prompt, as before sources; the others spread the users out.
         self._next_body = 0 if isinstance(source, datasets.FixedSource) else self.rng.randrange(len(self.items))
-        # --lora-mix (locustfiles/lora.py): the models drawn from their own stream, the prompts' draws as without
+        # --lora-mix (locustfiles/lora.py): models drawn from a stream of their own; the prompts' draws unchanged
         drawn = user.run.features["lora"].for_user(user, opts)
         if drawn is not None:
             self.mix, self.model_rng = drawn
