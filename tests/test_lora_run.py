@@ -160,3 +160,15 @@ def test_an_embeddings_run_draws_its_models_too(fake, tmp_path):
                                                                                         records["model"]))  # fmt: skip
     models = pd.read_csv(run_dir / "models.csv")
     assert models["sent"].sum() == models["step_sent"].iloc[0] and (models["expected_share"] == 0.5).all()
+
+
+def test_each_load_process_draws_from_the_same_mix(fake, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = locust(
+        "--host", fake.url, "--processes", "2", "--steps", "2", "--step-duration", "2s", "--step-warmup", "0s",
+        "--max-tokens", "4", "--lora-mix", "auto", "--no-report", "--run-dir", str(run_dir), timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = pd.read_parquet(run_dir / "requests.parquet")
+    assert records["worker"].nunique() == 2 and set(records["model"]) <= set(MIX)
+    assert json.loads((run_dir / "run.json").read_text())["lora_mix"]["how"] == "auto"  # the master resolved it too
