@@ -30,6 +30,7 @@ from .diskio import replace_file
 from .integrity import integrity
 from .kinds import RequestKind
 from .live import close_open_steps
+from .lora import MODELS_FILE, format_models, has_mix, model_table, run_models
 from .outages import Outage, find_outages, outage_lines
 from .prometheus_text import scrape_timeout_s
 from .records import REQUEST_COLUMNS, REQUESTS_FILE, UNREADABLE_LINES, single_model
@@ -77,6 +78,7 @@ class Outcome:
     capacity: dict | None = None  # --find-capacity: the search's result (analysis.capacity.result)
     arrivals: Arrivals | None = None  # an open loop's inter-arrival times (analysis.arrivals); None in a closed loop
     turns: pd.DataFrame | None = None  # turns.csv (analysis.turns): a conversation run's per-turn table, else None
+    models: pd.DataFrame | None = None  # models.csv (analysis.lora): a model mix's per-model rows, else None
     # The GPUs' samples (analysis.gpu.gpu_series: empty without --gpu-metrics-url) and each step's roofline verdict
     # (analysis.roofline.step_verdicts, per GPU too): the report draws and tabulates them, the diagnosis quotes them.
     gpu_samples: pd.DataFrame | None = None
@@ -144,6 +146,9 @@ def _summary(outcome: Outcome) -> dict:
         **({} if batch is None else {batch.name: _batch_totals(batch, run, ok)}),
         "steps": json.loads(outcome.table.to_json(orient="records")),  # NaN -> null: missing stays missing
         **({} if outcome.turns is None else {"turns": json.loads(outcome.turns.to_json(orient="records"))}),
+        # --lora-mix: the mix (run.json's) and each model over the whole measured run (analysis.lora); else null.
+        "lora_mix": run.get("lora_mix"),
+        "per_model": run_models(records, run.get("timeline") or [], run) if outcome.models is not None else None,
         "diagnosis": outcome.diagnosis.to_dict(),
         "outages": [o.to_dict() for o in outcome.outages],
         "integrity": outcome.integrity,
@@ -211,6 +216,14 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
         if write:
             replace_file(run_dir / TURNS_FILE, turns.to_csv(index=False))
         echo("\n" + format_turns(turns))
+    models = None
+    if has_mix(full, run):  # a model mix (--lora-mix): the per-model rows after the step table
+        models = model_table(full[REQUEST_COLUMNS], timeline, run, metrics)
+        if write:
+            replace_file(run_dir / MODELS_FILE, models.to_csv(index=False))
+        text = format_models(models)
+        if text:
+            echo("\n" + text)
     gpu_samples = roofline.samples(metrics)
     gpu_verdicts = roofline.step_verdicts(gpu_samples, timeline)
     diagnosis = diagnose(table, curve=not run.get("trace"), gpu=gpu_verdicts)  # a trace's windows: its load
@@ -259,6 +272,7 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
         capacity=found,
         arrivals=arrivals_of_run(records, run, table),
         turns=turns,
+        models=models,
         gpu_samples=gpu_samples,
         gpu_verdicts=gpu_verdicts,
     )
@@ -328,6 +342,8 @@ def finish_run(
     files = {STEPS_FILE: run_dir / STEPS_FILE}
     if outcome.turns is not None:
         files[TURNS_FILE] = run_dir / TURNS_FILE
+    if outcome.models is not None:
+        files[MODELS_FILE] = run_dir / MODELS_FILE
     files[SUMMARY_MD_FILE] = write_summary_md(
         run_dir, outcome.table, outcome.slo, outcome.diagnosis_lines, outcome.run, outcome.capacity
     )
@@ -336,6 +352,7 @@ def finish_run(
     say(
         f"\nResults: {run_dir / REQUESTS_FILE}, {run_dir / STEPS_FILE}"
         + ("" if outcome.turns is None else f", {run_dir / TURNS_FILE}")
+        + ("" if outcome.models is None else f", {run_dir / MODELS_FILE}")
     )
     if report:
         from .report import build_report  # plotly is only imported when a report is written

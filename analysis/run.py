@@ -15,6 +15,7 @@ from .diskio import replace_file
 from .energy import step_energy_table
 from .generator import merge_generator, step_generator_table
 from .gpu import GPU_COLUMNS, step_gpu_table
+from .lora import LORA_COLUMNS, lora_step_table
 from .reasoning import REASONING_COLUMNS
 from .records import merge_records, single_model
 from .roofline import roofline_table, samples
@@ -72,12 +73,15 @@ def compute_table(
     # roofline verdict on the same samples.
     table = table.merge(step_gpu_table(metrics, timeline), on="step", how="left")
     table = table.merge(roofline_table(samples(metrics), timeline), on="step", how="left")
+    # vLLM's LoRA adapters running and waiting (issue 35), empty without vllm:lora_requests_info.
+    table = table.merge(lora_step_table(metrics, timeline, records), on="step", how="left")
     # Reasoning and tool calls (issue 18) after why each step ended, then the batch kinds (issues 19, 33), then GPU
     # (issue 20; its columns in the glossary's order, whichever module fills them).
     tail = REASONING_COLUMNS + BATCH_COLUMNS + [c for c in GPU_COLUMNS if c in table.columns]
     table = table[[c for c in table.columns if c not in tail] + tail]
-    # The GPUs' energy per step, per output token and per request (issue 35), after the GPU section.
-    return table.merge(step_energy_table(metrics, timeline, table, records), on="step", how="left")
+    # The GPUs' energy per step, per output token and per request (issue 35), after the GPU section, then LoRA.
+    table = table.merge(step_energy_table(metrics, timeline, table, records), on="step", how="left")
+    return table[[c for c in table.columns if c not in LORA_COLUMNS] + LORA_COLUMNS]
 
 
 def merged(run_dir: Path, write: bool = True) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:

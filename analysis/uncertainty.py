@@ -175,6 +175,21 @@ def quantile_interval(values: Sequence[float] | np.ndarray, q: float, confidence
     return Interval(value, float(x[low_rank - 1]), float(x[high_rank - 1]), n)
 
 
+def wilson_interval(successes: int, trials: int, confidence: float = CONFIDENCE) -> Interval:
+    """A binomial proportion k / n with Wilson's score interval: (p + z^2/2n ± z sqrt(p(1-p)/n + z^2/4n^2)) /
+    (1 + z^2/n), z the normal quantile of (1 + c) / 2; it stays inside [0, 1] and keeps close to its nominal coverage
+    at small n or p near 0 or 1, where the normal approximation does not. NaN without trials."""
+    n, k = int(trials), int(successes)
+    if n <= 0:
+        return Interval(math.nan, n=0, note="no samples")
+    p = k / n
+    z = float(stats.norm.ppf((1 + confidence) / 2))
+    scale = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / scale
+    half = z / scale * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return Interval(p, max(0.0, center - half), min(1.0, center + half), n)
+
+
 def halves(
     times: Sequence[float] | np.ndarray,
     weights: Sequence[float] | np.ndarray,

@@ -39,6 +39,7 @@ from . import (
     diskspace,
     gate,
     images,
+    lora,
     recordbus,
     request_options,
     scraping,
@@ -73,10 +74,10 @@ SUITE_EVENTS = ("llm_request", RECORDS_EVENT)
 # The features that register themselves beside the run context, in this order (each `register(environment, ctx)`,
 # its return value kept in ctx.features under the module's name): the record bus (the controller's one parse of
 # every record), the headless console's step lines (a bus subscriber), the exit code, the images' warm pool, the
-# trace replay's summary, what every request carries, the server's /metrics and GPU exporters, the web UI's LLM tab
-# (a bus subscriber, reading the scraper's latest samples). Their options are declared in their modules and composed
-# in settings.py.
-FEATURES = (recordbus, console, gate, images, trace_run, request_options, scraping, webui)
+# trace replay's summary, what every request carries, the model each request asks for (--lora-mix), the server's
+# /metrics and GPU exporters, the web UI's LLM tab (a bus subscriber, reading the scraper's latest samples). Their
+# options are declared in their modules and composed in settings.py.
+FEATURES = (recordbus, console, gate, images, trace_run, request_options, lora, scraping, webui)
 
 
 class RunEvents:

@@ -70,6 +70,13 @@ def list_models(host: str, timeout: float, api_key: str | None = None) -> list[s
     """The model ids of GET <host>/v1/models; None when the server has no such endpoint (404).
 
     Raises SetupError with a one-line fix when the host cannot be reached or refuses the API key."""
+    entries = model_entries(host, timeout, api_key)
+    return None if entries is None else [str(m["id"]) for m in entries]
+
+
+def model_entries(host: str, timeout: float, api_key: str | None = None) -> list[dict] | None:
+    """The entries of GET <host>/v1/models (each with its id; vLLM's LoRA adapters with `parent` = the base model);
+    None when the server has no such endpoint (404). Raises SetupError as list_models."""
     base = URL(host)
     headers = {"Accept": "application/json"}
     if api_key:
@@ -96,7 +103,10 @@ def list_models(host: str, timeout: float, api_key: str | None = None) -> list[s
     if response.status_code != 200:
         raise SetupError(f"{host}/v1/models answered HTTP {response.status_code}; pass --model explicitly")
     try:
-        return [str(m["id"]) for m in json.loads(body)["data"]]
+        entries = json.loads(body)["data"]
+        if not all(isinstance(m, dict) and "id" in m for m in entries):
+            raise TypeError("an entry without an id")
+        return entries
     except (ValueError, KeyError, TypeError):
         raise SetupError(f"{host}/v1/models answered something that is not a model list; pass --model") from None
 

@@ -19,6 +19,7 @@ from .gate import GateOptions
 from .images import ImageOptions
 from .kinds.embeddings import EmbeddingsOptions
 from .kinds.rerank import RerankOptions
+from .lora import LoraOptions
 from .output import OutputOptions
 from .preflight import ServerOptions
 from .request_options import RequestOptions
@@ -31,7 +32,7 @@ GROUP_ORDER = ("Load plan", "Workload", "Request", "Server", "SLO and capacity",
 
 # In the order the parser lists them (within a group, --help and the reference keep this order).
 OPTION_CLASSES = (
-    RequestOptions, EmbeddingsOptions, RerankOptions, ImageOptions, DatasetOptions, ConversationOptions,
+    RequestOptions, LoraOptions, EmbeddingsOptions, RerankOptions, ImageOptions, DatasetOptions, ConversationOptions,
     LoadPlanOptions, AdaptiveOptions, CapacityOptions, TraceOptions, ServerOptions, ScrapeOptions, GpuOptions,
     GateOptions, OutputOptions,
 )  # fmt: skip
@@ -69,7 +70,7 @@ class ServerProfileState:
 class SuiteOptions(
     ServerProfileState, LocustOptions, OutputOptions, GateOptions, GpuOptions, ScrapeOptions, ServerOptions,
     TraceOptions, CapacityOptions, AdaptiveOptions, LoadPlanOptions, ConversationOptions, DatasetOptions,
-    ImageOptions, RerankOptions, EmbeddingsOptions, RequestOptions,
+    ImageOptions, RerankOptions, EmbeddingsOptions, LoraOptions, RequestOptions,
 ):  # fmt: skip
     """A run's options, typed: every feature's, Locust's own that shape a run, and the server type decided."""
 

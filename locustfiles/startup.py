@@ -13,7 +13,7 @@ import gevent
 import greenlet
 from locust.runners import WorkerRunner
 
-from . import conversation, diskspace, request_options, trace_run
+from . import conversation, diskspace, lora, request_options, trace_run
 from . import options as opts_mod
 from .datasets import check_dataset
 from .exitcodes import EXIT_SETUP_ERROR
@@ -30,6 +30,7 @@ def check_options(options, traces: trace_run.Traces | None = None) -> None:
     request_options.check(options)  # --chat-template-kwargs, --tools, --tool-choice, --extra-body
     check_dataset(options)
     conversation.check(options)  # --turns, --history, --think-time (with --dataset and --trace)
+    lora.check(options)  # --lora-mix's form, with --endpoint and --trace
 
 
 class NoStopCallerLookup:
@@ -131,6 +132,7 @@ def prepare(environment) -> Built:
                     logger.warning(warning)
             if options.headless and options.host:
                 preflight(options, built)
+                lora.preflight(options)  # --lora-mix: auto's adapters found, given names served
         except (ValueError, SetupError) as e:
             remove_created(created)  # a run that does not start leaves no empty run directory behind
             if options.headless:

@@ -65,6 +65,9 @@ class Config:
     embed_dim: int = 8  # the length of every embedding
     embeddings: bool = True  # serve /v1/embeddings; off: 404, as vLLM 0.32 serving a generation model answers
     rerank: bool = True  # serve /v1/rerank, /rerank and /v2/rerank; off: 404 (a model that does not score)
+    # LoRA adapters served under the base model: name -> its own ITL (None: --itl-ms). With any, /v1/models lists them
+    # (parent = the base model), an unknown model is a 404 and /metrics has vllm:lora_requests_info (issue 35).
+    loras: dict[str, float | None] = field(default_factory=dict)
 
 
 class State:
@@ -89,6 +92,11 @@ class State:
         self.embed_connections = 0  # connections that carried embeddings requests (a client's keep-alive reuses one)
         self.rerank_ok = 0  # rerank requests answered (also in embed_ok: pooling requests)
         self.documents = 0  # their documents (also in inputs: one engine request per query-document pair)
+        self.lora_running: dict[str, int] = {}  # streams generating, per adapter
+        self.lora_waiting: dict[str, int] = {}  # streams waiting for a slot (--max-running), per adapter
+        # vllm:lora_requests_info's label sets: (running, waiting) -> the Unix time it was last the state (as vLLM's
+        # gauge: set_to_current_time on the current set, the old sets kept with their last time)
+        self.lora_info: dict[tuple[str, str], float] = {}
 
     def next_request(self, faults: list[tuple[str, int]]) -> tuple[int, str | None]:
         with self.lock:

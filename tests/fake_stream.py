@@ -160,20 +160,29 @@ class StreamEndpoint:
 
     def stream(self, path: str, headers: dict, req: dict, t_recv: float) -> bool:
         state: State = self.server.state
-        limit = self.server.config.max_running
+        cfg: Config = self.server.config
+        limit = cfg.max_running
+        adapter = req.get("model") if req.get("model") in cfg.loras else None
+        if cfg.loras and adapter is None and req.get("model") != cfg.model:  # as vLLM: an unknown model is a 404
+            message = f"The model `{req.get('model')}` does not exist."
+            return self.send_json(404, {"error": {"message": message, "type": "NotFoundError", "code": 404}})
         with state.lock:
             if limit:  # as a server's batch limit: the stream waits for a slot before its first token
                 state.waiting += 1
+                _count(state.lora_waiting, adapter, 1)
                 while state.running >= limit:
                     state.slot_free.wait()
                 state.waiting -= 1
+                _count(state.lora_waiting, adapter, -1)
             state.running += 1
+            _count(state.lora_running, adapter, 1)
         t_admit = time.perf_counter() if limit else t_recv  # without a limit, timing is counted from receipt
         try:
             return self._stream(path, headers, req, t_recv, t_admit)
         finally:
             with state.lock:
                 state.running -= 1
+                _count(state.lora_running, adapter, -1)
                 state.slot_free.notify()
 
     def _stream(self, path: str, headers: dict, req: dict, t_recv: float, t_admit: float) -> bool:
@@ -211,6 +220,7 @@ class StreamEndpoint:
         include_usage = bool(opts.get("include_usage"))
         continuous = bool(opts.get("continuous_usage_stats"))
         n_tokens = cfg.tokens if cfg.tokens is not None else int(req.get("max_tokens") or 16)
+        itl_s = cfg.loras.get(req.get("model")) or cfg.itl_s  # an adapter's own speed (--lora NAME=ITL_MS)
         prompt_tokens = count_tokens(req.get("prompt"), req.get("messages"), tools=req.get("tools"))
         prompt_tokens += image_tokens(images)
         with state.lock:  # vLLM counts a request's prompt once it is scheduled, whatever happens to it afterwards
@@ -295,8 +305,8 @@ class StreamEndpoint:
                 done += k
                 queued = cfg.queue_s if fault == "queue" else 0.0
                 if i > 0 and cfg.slow_at and state.running == cfg.slow_at:
-                    slowed += (cfg.slow_factor - 1) * k * cfg.itl_s
-                deadline = t_admit + queued + cfg.ttft_s + (done - 1) * cfg.itl_s + slowed
+                    slowed += (cfg.slow_factor - 1) * k * itl_s
+                deadline = t_admit + queued + cfg.ttft_s + (done - 1) * itl_s + slowed
                 delay = deadline - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)
@@ -350,6 +360,7 @@ class StreamEndpoint:
                 state.ok += 1
                 state.tokens += done
                 state.truth[request_id] = {
+                    "model": req.get("model"),
                     "ttft_s": offsets[0],
                     "e2e_s": offsets[-1],
                     "tokens": done,
@@ -401,3 +412,11 @@ class StreamEndpoint:
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             return False
         return False  # truncate: close without terminating the chunked body
+
+
+def _count(counts: dict[str, int], adapter: str | None, change: int) -> None:
+    """An adapter's streams in a state (running, waiting), under the state's lock; the base model's are not counted."""
+    if adapter is not None:
+        counts[adapter] = counts.get(adapter, 0) + change
+        if counts[adapter] <= 0:
+            del counts[adapter]

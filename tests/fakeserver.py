@@ -22,6 +22,10 @@ the body (last_sent_wall). Faults wrong_count, ragged and no_usage break its bod
 POST /v1/rerank (and /rerank, /v2/rerank) answers the same way with one item per document: results sorted by a
 score that is the share of each document's words found in the query, top_n of them; its /truth entry has the
 documents, the results and the prompt tokens (query + document per pair). Faults wrong_count, bad_index, no_usage.
+
+With --lora a1=5,a2 it serves LoRA adapters under --model as vLLM with --lora-modules does: /v1/models lists them
+with parent = --model, a request may ask for one (any other model is a 404), each streams at its own ITL when given,
+each /truth entry says the model asked for, and /metrics exports vllm:lora_requests_info.
 """
 
 from __future__ import annotations
@@ -109,7 +113,10 @@ class Handler(StreamEndpoint, PooledEndpoints, socketserver.StreamRequestHandler
         if cfg.api_key and path.startswith("/v1/") and headers.get("authorization") != f"Bearer {cfg.api_key}":
             return self.send_json(401, {"error": {"message": "missing or wrong API key", "code": 401}})
         if method == "GET" and path == "/v1/models":
-            return self.send_json(200, {"object": "list", "data": [{"id": cfg.model, "object": "model"}]})
+            # As vLLM with --lora-modules: the base model (root = itself), then each adapter with parent = it.
+            data = [{"id": cfg.model, "object": "model", "root": cfg.model, "parent": None}]
+            data += [{"id": n, "object": "model", "root": f"/adapters/{n}", "parent": cfg.model} for n in cfg.loras]
+            return self.send_json(200, {"object": "list", "data": data})
         if method == "GET" and path == "/health":
             return self.send_json(200, {})
         if cfg.strict and path in ("/metrics", "/version", "/tokenize"):
@@ -170,6 +177,8 @@ class Handler(StreamEndpoint, PooledEndpoints, socketserver.StreamRequestHandler
                         "# TYPE vllm:prefix_cache_hits counter\n"
                         f'vllm:prefix_cache_hits_total{{engine="0",model_name="{m}"}} {state.cache.hits}\n'
                     )
+                if cfg.loras:
+                    text += lora_info_text(state, len(cfg.loras))
                 if cfg.hostile:
                     text += (
                         "# TYPE vllm:cache_config_info gauge\n"
@@ -219,6 +228,21 @@ class Handler(StreamEndpoint, PooledEndpoints, socketserver.StreamRequestHandler
         return self.send_json(404, {"error": {"message": f"no route {method} {path}", "code": 404}})
 
 
+def lora_info_text(state: State, max_lora: int) -> str:
+    """vllm:lora_requests_info as vLLM 0.32 exports it (v1/metrics/loggers.py): the current adapters running and
+    waiting as comma-separated label values, the value the Unix time that set was last current; earlier sets stay
+    with their last time. Called under the state's lock."""
+    current = (",".join(sorted(state.lora_running)), ",".join(sorted(state.lora_waiting)))
+    state.lora_info[current] = time.time()
+    lines = ["# TYPE vllm:lora_requests_info gauge"]
+    for (running, waiting), t in state.lora_info.items():
+        lines.append(
+            f'vllm:lora_requests_info{{max_lora="{max_lora}",running_lora_adapters="{running}",'
+            f'waiting_lora_adapters="{waiting}"}} {t!r}'
+        )
+    return "\n".join(lines) + "\n"
+
+
 class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -237,6 +261,15 @@ def parse_faults(text: str) -> list[tuple[str, int]]:
         if kind not in FAULT_KINDS:
             raise SystemExit(f"unknown fault {kind!r}; known: {', '.join(FAULT_KINDS)}")
         out.append((kind, int(every)))
+    return out
+
+
+def parse_loras(text: str) -> dict[str, float | None]:
+    """--lora a1=20,a2: adapter -> its ITL in s (None: the server's --itl-ms)."""
+    out: dict[str, float | None] = {}
+    for part in filter(None, (text or "").split(",")):
+        name, _, itl = part.partition("=")
+        out[name.strip()] = float(itl) / 1000 if itl else None
     return out
 
 
@@ -293,6 +326,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--embed-dim", type=int, default=8, help="/v1/embeddings: the length of every vector")
     p.add_argument("--no-embeddings", action="store_true", help="no /v1/embeddings (404), as a generation model's")
     p.add_argument("--no-rerank", action="store_true", help="no /v1/rerank, /rerank, /v2/rerank (404)")
+    p.add_argument("--lora", default="", metavar="NAME[=ITL_MS],...",
+                   help="LoRA adapters served under --model: listed by /v1/models with parent = --model, accepted as "
+                   "a request's model (any other model: 404), each with its own ITL when given; /metrics gains "
+                   "vllm:lora_requests_info")  # fmt: skip
     a = p.parse_args(argv)
     slow_at, _, slow_factor = a.slow_at_concurrency.partition(":")
     cfg = Config(
@@ -322,6 +359,7 @@ def main(argv: list[str] | None = None) -> None:
         embed_dim=a.embed_dim,
         embeddings=not a.no_embeddings,
         rerank=not a.no_rerank,
+        loras=parse_loras(a.lora),
     )
     sys.setswitchinterval(0.0002)  # hand the GIL over fast: a waking handler thread must not wait 5 ms
     server = Server((a.host, a.port), cfg)

@@ -26,7 +26,7 @@ from tests.conftest import ROOT, FakeServer
 from tests.test_headless import short_run
 
 STEP_SECTIONS = (g.STEP, g.SERVER, g.GENERATOR, g.OPEN_LOOP, g.UNCERTAINTY, g.SERVER_BOUNDS, g.STEP_END, g.REASONING,
-                 g.EMBEDDINGS, g.RERANK, g.GPU, g.ENERGY)  # fmt: skip
+                 g.EMBEDDINGS, g.RERANK, g.GPU, g.ENERGY, g.LORA)  # fmt: skip
 
 
 def undeclared(written: list[str], sections: tuple[str, ...]) -> list[str]:
@@ -77,6 +77,7 @@ def test_the_derived_lists_are_the_columns_written_in_order(real_run):
         + g.names(g.RERANK)
         + g.names(g.GPU)
         + g.names(g.ENERGY)
+        + g.names(g.LORA)
     )
     for section, derived in ((g.STEP, STEP_COLUMNS), (g.SERVER, SERVER_COLUMNS), (g.GENERATOR, GENERATOR_COLUMNS),
                              (g.OPEN_LOOP, OPEN_LOOP_COLUMNS), (g.UNCERTAINTY, UNCERTAINTY_COLUMNS),
@@ -161,7 +162,7 @@ def test_formats():
 
 @pytest.mark.unit
 def test_every_declaration_is_complete():
-    sections = {*STEP_SECTIONS, g.REQUESTS, g.LIVE, g.TURNS}
+    sections = {*STEP_SECTIONS, g.REQUESTS, g.LIVE, g.TURNS, g.MODELS}
     for c in g.COLUMNS.values():
         assert c.section in sections and c.unit and c.meaning and "\n" not in c.meaning, c.name
         assert c.bounds is None or all(g.STEP_TABLE[n].section == g.SERVER_BOUNDS for n in c.bounds), c.name

@@ -69,6 +69,7 @@ from .metrics import (  # noqa: F401
     Metric,
     markdown_table,
 )
+from .models import LORA, MODELS  # noqa: F401
 from .registry import (  # noqa: F401
     COLUMNS,
     STEP_TABLE,

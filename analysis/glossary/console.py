@@ -15,6 +15,7 @@ from ..thresholds import (
 )
 from .columns import EMBEDDINGS, GENERATOR, OPEN_LOOP, REASONING, RERANK, SERVER, STEP, TURNS, Column
 from .energy import ENERGY
+from .models import MODELS
 from .registry import STEP_TABLE, columns
 
 # --- the console's tables ------------------------------------------------------------------------------------
@@ -70,6 +71,12 @@ SECTIONS = {
         TURNS,
         "Per turn (every conversation's k-th request; latencies in ms, exact percentiles; ~ too few samples for a "
         "percentile's interval; prefix hits: cached prompt tokens / prompt tokens, from the server's usage)",
+    ),
+    MODELS: Section(
+        MODELS,
+        "Per model (--lora-mix; share of each step's requests sent after its warm-up, [low high] its 95 % Wilson "
+        "interval, expected: the mix's weight; tok/s ± the half-width of its 95 % interval; latencies in ms, exact "
+        "percentiles; ~ too few samples for a percentile's interval)",
     ),
     REASONING: Section(
         REASONING,

@@ -24,6 +24,7 @@ from .columns import (
 )
 from .energy import ENERGY
 from .metrics import markdown_table
+from .models import LORA, MODELS
 from .registry import WEB_UI, columns
 
 # --- docs/reference/metrics.md ---------------------------------------------------------------------------------
@@ -123,6 +124,22 @@ _DOCS_SECTIONS = [
      "exact, with order-statistic intervals as in steps.csv; the prefix-cache hit rate is the server's own count "
      "per request (usage.prompt_tokens_details.cached_tokens), so it needs a server that sends it (vLLM: "
      "`--enable-prompt-tokens-details`, on in the embedded server; SGLang: `--enable-cache-report`)."),
+    (LORA, "steps.csv: LoRA adapters", "A model mix (`--lora-mix`): how many models each step's requests asked for, "
+     "then vLLM's LoRA adapters over each step's measured window, after the GPU "
+     "section (`analysis/lora.py`), from `vllm:lora_requests_info` (vLLM with `--enable-lora`): a gauge whose labels "
+     "name the adapters running and waiting (comma-separated) and `max_lora`, set to the current time whenever the "
+     "engine logs; vLLM keeps every label set it has seen, so a scrape's state is the set with the largest value. "
+     "Written for every run, empty without the series."),
+    (MODELS, "models.csv: per model", "Runs that drew each request's model from a mix (`--lora-mix`, "
+     "[lora-mixes.md](../how-to/lora-mixes.md)) only: one row per step and model, from requests.parquet "
+     "(`analysis/lora.py`), each computed by the step table's own functions (`analysis/steps.py`) on the model's "
+     "records, so a model's requests, tok/s and percentiles are what steps.csv would say of a run of that model's "
+     "requests alone, intervals included. The share counts every request sent after the step's warm-up, whatever "
+     "its outcome: a request's model is drawn independently of when it is sent, so the count is binomial and the "
+     "Wilson interval covers the weight 95 % of the time (a slower model's requests are not fewer among them, as "
+     "they would be among those completed). On the console as \"Per model\", after the step table, when the run "
+     "asked for more than one model; summary.json's `per_model` holds the same columns over the whole measured run "
+     "(tok/s over the sum of the windows, without an interval, as the step table's run row)."),
     (REQUESTS, "requests.parquet", "One row per request, written as each finishes (`analysis/records.py`)."),
     (LIVE, "The web UI's LLM tab only", "Written nowhere: the row's scope and the server's latest gauges."),
 ]  # fmt: skip

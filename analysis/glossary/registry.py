@@ -42,6 +42,7 @@ from .columns import (
     is_missing,
 )
 from .energy import ENERGY, ENERGY_COLUMNS
+from .models import LORA, LORA_COLUMNS, MODEL_COLUMNS
 
 _REQUEST_COLUMNS = [
     Column("request_id", REQUESTS, "text", "Unique id of the request, given by the client.", live=True),
@@ -230,6 +231,8 @@ COLUMNS: dict[tuple[str, str], Column] = {
     + _REQUEST_COLUMNS
     + _LIVE_COLUMNS
     + _TURN_COLUMNS
+    + LORA_COLUMNS
+    + MODEL_COLUMNS
 }
 # One column per name in the step table (steps.csv and the web UI's row): the requests' columns may share a name.
 STEP_TABLE: dict[str, Column] = {
@@ -250,6 +253,7 @@ STEP_TABLE: dict[str, Column] = {
         GPU,
         ENERGY,
         LIVE,
+        LORA,
     )
 }
 

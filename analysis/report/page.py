@@ -15,7 +15,7 @@ from .. import __version__ as SUITE_VERSION
 from ..batch import table_kind
 from ..diagnosis import utc
 from ..generator import flagged
-from ..glossary import ENERGY, GLOSSARY, GPU, REASONING, STEP_TABLE, Column, applies, columns, format_value
+from ..glossary import ENERGY, GLOSSARY, GPU, LORA, REASONING, STEP_TABLE, Column, applies, columns, format_value
 from ..run import STEPS_FILE
 from ..schedule import flagged as schedule_flagged
 from ..server_metrics import server_info
@@ -25,6 +25,7 @@ from ..steps import unstable
 if TYPE_CHECKING:
     from ..compare import Comparison
     from ..finish import Outcome
+from .adapters import adapters_html
 from .charts import MISMATCH_LI, batch_curve, batching_curve, latency_figure, reasoning_html
 from .distributions import arrivals_html, cdf_figure, turns_html, workload_html
 from .energy import energy_html
@@ -37,6 +38,7 @@ OPTIONAL_PARTS: tuple[tuple[str, Callable[[Outcome], str]], ...] = (
     (REASONING, lambda outcome: reasoning_html(outcome.table)),
     (GPU, gpu_html),
     (ENERGY, energy_html),
+    (LORA, adapters_html),  # a model mix's (--lora-mix): "" for a run of one model
 )
 
 

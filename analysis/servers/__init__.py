@@ -32,6 +32,9 @@ CANONICAL: dict[str, str] = {
     "ttft_histogram": "vllm:time_to_first_token_seconds",
     "queue_histogram": "vllm:request_queue_time_seconds",
     "cache_config": "vllm:cache_config_info",  # labels describe the KV cache (block size, blocks)
+    # LoRA adapters: labels running_lora_adapters, waiting_lora_adapters (comma-separated names) and max_lora; the
+    # value the Unix time the label set was last the engine's state (earlier sets are kept)
+    "lora_info": "vllm:lora_requests_info",
 }
 HISTOGRAMS = frozenset({"ttft_histogram", "queue_histogram"})
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")

@@ -31,6 +31,7 @@ SERIES = {
     "ttft_histogram": None,
     "queue_histogram": None,
     "cache_config": None,
+    "lora_info": None,
 }
 SUCCESS_REASONS = None
 CONTINUOUS_USAGE_STATS = False

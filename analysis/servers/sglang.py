@@ -39,6 +39,7 @@ SERIES = {
     "ttft_histogram": "sglang:time_to_first_token_seconds",
     "queue_histogram": "sglang:queue_time_seconds",
     "cache_config": None,
+    "lora_info": None,
 }
 SUCCESS_REASONS = None
 ABORTED_COUNTER = "sglang:num_aborted_requests_total"

@@ -32,6 +32,7 @@ SERIES = {
     "ttft_histogram": None,
     "queue_histogram": "tgi_request_queue_duration",
     "cache_config": None,
+    "lora_info": None,
 }
 # TGI renders the counter as `tgi_request_success` (metrics-exporter-prometheus appends no _total); the parser
 # (prometheus_client) names a counter's sample with _total, the alias keeps either spelling.

@@ -22,6 +22,7 @@ SERIES = {
     "ttft_histogram": "vllm:time_to_first_token_seconds",
     "queue_histogram": "vllm:request_queue_time_seconds",
     "cache_config": "vllm:cache_config_info",
+    "lora_info": "vllm:lora_requests_info",  # v1/metrics/loggers.py: gauge_lora_info, set_to_current_time()
 }
 # Old (V0 engine) names -> the names of vLLM 0.32 (V1 engine).
 ALIASES = {

@@ -61,7 +61,7 @@ class EmbeddingsRequester(BatchRequester):
 
     def body(self, texts: list[str]) -> dict:
         user = self.user
-        return embeddings_payload(user.options, user.model, texts, user.fields)
+        return embeddings_payload(user.options, self.model, texts, user.fields)
 
     def check(self, body: bytes, record: RequestRecord) -> str | None:
         """One vector per input, of the asked encoding; prompt_tokens from the answer's usage."""

@@ -147,7 +147,19 @@ class BatchRequester(FetchRequester):
         self._groups = len(self._texts) // math.gcd(len(self._texts), size)
         self._next_body = 0 if isinstance(source, datasets.FixedSource) else self.rng.randrange(self._groups)
         self._per_request = any(item.per_request for item in items)
-        http = user.http
+        self.mix = None  # --lora-mix (locustfiles/lora.py): each request's model drawn from it
+        drawn = user.run.features["lora"].for_user(user, opts)
+        if drawn is not None:
+            self.mix, self.model_rng = drawn
+        # The groups' bodies of each model (one set without a mix): the model each body names is self.model.
+        self.bodies_of = {m: self._prepared(dataset, m) for m in (self.mix.names if self.mix else (user.model,))}
+        self.model = self.mix.names[0] if self.mix else user.model
+        self.bodies = self.bodies_of[self.model]
+
+    def _prepared(self, dataset, model: str) -> list | None:
+        """The process's prepared bodies of every group for one model (built by its first user); None when the
+        groups are too many (each body is then serialized per request)."""
+        self.model, http, size = model, self.user.http, self.size
         key = (self.kind.name, http.head, size, json.dumps(self.body([])))
         if key not in dataset.prepared:
             text_bytes = sum(len(t.encode()) for t in self._texts) * (self._groups * size // len(self._texts))
@@ -155,7 +167,7 @@ class BatchRequester(FetchRequester):
             if text_bytes <= PREPARED_BYTES:
                 bodies = [http.prepare(orjson.dumps(self._payload(k))) for k in range(self._groups)]
             dataset.prepared[key] = bodies
-        self.bodies = dataset.prepared[key]
+        return dataset.prepared[key]
 
     def _payload(self, k: int) -> dict:
         """Group k's body (a dict): items kG .. kG+G-1, modulo the items."""
@@ -170,6 +182,9 @@ class BatchRequester(FetchRequester):
         setattr(record, str(self.kind.items), self.count())
         k = self._next_body % self._groups
         self._next_body += 1
+        if self.mix is not None:
+            self.model = record.model = self.mix.draw(self.model_rng)
+            self.bodies = self.bodies_of[self.model]
         if self.bodies is not None:
             prepared = self.bodies[k]
         else:

@@ -73,7 +73,7 @@ class RerankRequester(BatchRequester):
     def body(self, texts: list[str]) -> dict:
         user = self.user
         query, documents = (texts[0], texts[1:]) if texts else ("", [])
-        return rerank_payload(user.options, user.model, query, documents, user.fields)
+        return rerank_payload(user.options, self.model, query, documents, user.fields)
 
     def check(self, body: bytes, record: RequestRecord) -> str | None:
         answer = parse_rerank(body, self.documents, self.top_n)

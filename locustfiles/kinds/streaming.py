@@ -90,6 +90,7 @@ class StreamingRequester(Requester):
         super().__init__(user, opts)
         self.prepare = user.http.prepare  # prepared bytes of a body (chat with --images: its data URLs spliced)
         self.conversation: ConversationPlayer | None = None  # --turns: this user's conversations
+        self.mix = None  # --lora-mix: each request's model drawn from it (locustfiles/lora.py)
         if user.trace:
             # Per user, the seed of its images (the other requests draw theirs in _prepare_dataset).
             user._seed = user.user_seed(opts)
@@ -119,26 +120,44 @@ class StreamingRequester(Requester):
         self.rng = random.Random(user._seed)
         # `fixed` starts every user at the first prompt, as before sources; the others spread the users out.
         self._next_body = 0 if isinstance(source, datasets.FixedSource) else self.rng.randrange(len(self.items))
+        # --lora-mix (locustfiles/lora.py): models drawn from a stream of their own; the prompts' draws unchanged
+        drawn = user.run.features["lora"].for_user(user, opts)
+        if drawn is not None:
+            self.mix, self.model_rng = drawn
         fields = user.fields
+        models = self.mix.names if self.mix is not None else (user.model,)
         if self.max_tokens.varies:
             # A max_tokens per request: the body is serialized per request, before the send stamp.
-            self.payloads = [self.payload(opts, user.model, item.prompt, fields=fields) for item in self.items]
+            self.payloads = [self.payload(opts, models[0], item.prompt, fields=fields) for item in self.items]
             self.bodies = None
             return
         # Serialized once per process, HTTP head included: the request path then only hands prepared bytes to the
         # socket. Keyed by everything else that shapes the bytes (the same for all users of a run): the body without
-        # its prompt carries the request options too (the tools file's content, not only its path).
-        key = (user.http.head, opts.max_tokens_dist, json.dumps(self.payload(opts, user.model, "", fields=fields)))
+        # its prompt carries the request options too (the tools file's content, not only its path). With a mix, one
+        # set per model, the same max_tokens for each.
+        limits = None
+        self.bodies_of: dict[str, list] = {}
+        for model in models:
+            bodies, limits = self._prepared(dataset, opts, model, limits)
+            self.bodies_of[model] = bodies
+        self.bodies, self.body_max_tokens = self.bodies_of[models[0]], limits
+
+    def _prepared(self, dataset, opts, model: str, limits: list[int] | None) -> tuple[list, list[int]]:
+        """The process's prepared bodies of every item for one model (built by its first user), and their
+        max_tokens (drawn now unless given)."""
+        user, fields = self.user, self.user.fields
+        key = (user.http.head, opts.max_tokens_dist, json.dumps(self.payload(opts, model, "", fields=fields)))
         if key not in dataset.prepared:
-            limits = [self.max_tokens.draw(self.rng, item) for item in self.items]
+            if limits is None:
+                limits = [self.max_tokens.draw(self.rng, item) for item in self.items]
             bodies = [
-                json.dumps(self.payload(opts, user.model, item.prompt, n, fields)).encode()
+                json.dumps(self.payload(opts, model, item.prompt, n, fields)).encode()
                 for item, n in zip(self.items, limits)
             ]
             if self.prepared_once:
                 bodies = [user.http.prepare(body) for body in bodies]
             dataset.prepared[key] = (bodies, limits)
-        self.bodies, self.body_max_tokens = dataset.prepared[key]
+        return dataset.prepared[key]
 
     @property
     def prepared_once(self) -> bool:
@@ -163,14 +182,19 @@ class StreamingRequester(Requester):
         index = self._next_body % len(self.items)
         self._next_body += 1
         item = self.items[index]
-        if self.bodies is not None:
-            prepared = self.bodies[index]
+        bodies = self.bodies
+        if self.mix is not None:
+            record.model = self.mix.draw(self.model_rng)
+            bodies = bodies if bodies is None else self.bodies_of[record.model]
+        if bodies is not None:
+            prepared = bodies[index]
             if not self.prepared_once:
                 prepared = self.prepare(prepared)
             record.max_tokens = self.body_max_tokens[index]
         else:
             payload = self.payloads[index]
             payload["max_tokens"] = record.max_tokens = self.max_tokens.draw(self.rng, item)
+            payload["model"] = record.model
             prepared = self.prepare(orjson.dumps(payload))
         if item.per_request:  # the prompt carries this request's id (same length: Content-Length holds)
             prepared = (prepared[0], prepared[1].replace(_PLACEHOLDER, record.request_id.encode("latin-1")))
@@ -192,7 +216,9 @@ class StreamingRequester(Requester):
         # The body is serialized per turn (the prompt grows), before the send stamp.
         record.max_tokens = self.max_tokens.draw(self.rng, turn)
         record.reference_output_tokens = turn.reference_output_tokens
-        payload = self.payload(user.options, user.model, prompt, record.max_tokens, user.fields)
+        if self.mix is not None:
+            record.model = self.mix.draw(self.model_rng)
+        payload = self.payload(user.options, record.model, prompt, record.max_tokens, user.fields)
         parser = StreamParser(keep_text=True)
         record = self._send(record, self.prepare(orjson.dumps(payload)), parser)
         player.answered(record, turn, text, parser.text)

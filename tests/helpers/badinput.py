@@ -9,6 +9,7 @@ import io
 from contextlib import redirect_stderr
 from pathlib import Path
 
+from vllm_loadtest.locustfiles import lora
 from vllm_loadtest.locustfiles.preflight import SetupError, check_run_dir, preflight, remove_created
 from vllm_loadtest.locustfiles.startup import check_options
 
@@ -31,6 +32,7 @@ def first_error(*args: str) -> str:
         created = check_run_dir(Path(options.run_dir or "reports"))
         if options.host:
             preflight(options)
+            lora.preflight(options)
     except (ValueError, SetupError) as e:
         remove_created(created)  # as the plugin: a refused run leaves no folder it made
         message = str(e)
