@@ -17,6 +17,7 @@ from vllm_loadtest.analysis.diagnosis import LOAD_GENERATOR
 from vllm_loadtest.analysis.energy import ENERGY_COLUMNS
 from vllm_loadtest.analysis.generator import CPU_BOUND, GENERATOR_COLUMNS, GENERATOR_DIR, GENERATOR_FILE, LAG_BOUND_S
 from vllm_loadtest.analysis.gpu import GPU_COLUMNS
+from vllm_loadtest.analysis.lora import LORA_COLUMNS
 from vllm_loadtest.analysis.reasoning import REASONING_COLUMNS
 from vllm_loadtest.analysis.records import RECEIVED_DIR
 from vllm_loadtest.analysis.report import REPORT_FILE, SUMMARY_FILE
@@ -43,7 +44,7 @@ def test_a_single_overloaded_process_is_flagged_generator_bound(fake_server, tmp
     # The self-check columns, then the later sections (open loop, intervals, server bounds, step end): only added at
     # the end.
     tail = GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS + SERVER_BOUND_COLUMNS + STEP_END_COLUMNS
-    tail += REASONING_COLUMNS + BATCH_COLUMNS + GPU_COLUMNS + ENERGY_COLUMNS
+    tail += REASONING_COLUMNS + BATCH_COLUMNS + GPU_COLUMNS + ENERGY_COLUMNS + LORA_COLUMNS
     assert list(steps.columns[-len(tail) :]) == tail
     row = steps.iloc[0]
     assert row.generator_processes == 1 and row.users_achieved_mean > 0

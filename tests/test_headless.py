@@ -14,6 +14,7 @@ from vllm_loadtest.analysis.batch import BATCH_COLUMNS
 from vllm_loadtest.analysis.energy import ENERGY_COLUMNS
 from vllm_loadtest.analysis.generator import GENERATOR_COLUMNS
 from vllm_loadtest.analysis.gpu import GPU_COLUMNS
+from vllm_loadtest.analysis.lora import LORA_COLUMNS
 from vllm_loadtest.analysis.reasoning import REASONING_COLUMNS
 from vllm_loadtest.analysis.run import STEPS_FILE
 from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS
@@ -62,6 +63,7 @@ def test_stepped_headless_run_writes_records_and_the_step_table(fake_server, tmp
         + BATCH_COLUMNS
         + GPU_COLUMNS
         + ENERGY_COLUMNS
+        + LORA_COLUMNS
     )
     assert set(steps["end_reason"]) == {"fixed"}
     # The fake server's /metrics was scraped: its counters match the client's records exactly, but for a stream cut

@@ -21,6 +21,7 @@ from vllm_loadtest.analysis.batch import BATCH_COLUMNS
 from vllm_loadtest.analysis.capacity import FAIL, PASS, UNCERTAIN, check, objective_interval
 from vllm_loadtest.analysis.energy import ENERGY_COLUMNS
 from vllm_loadtest.analysis.gpu import GPU_COLUMNS
+from vllm_loadtest.analysis.lora import LORA_COLUMNS
 from vllm_loadtest.analysis.reasoning import REASONING_COLUMNS, console_lines, reasoning_row
 from vllm_loadtest.analysis.report import TTFT_TTFO, reasoning_html
 from vllm_loadtest.analysis.run import compute_table
@@ -266,7 +267,7 @@ def test_the_reasoning_columns_with_known_values():
     assert list(table.columns[-len(tail) :]) == tail
     # steps.csv: the reasoning section after every earlier one, why each step ended included.
     full = compute_table(pd.DataFrame(rows), TIMELINE, None, None)
-    tail += GPU_COLUMNS + ENERGY_COLUMNS  # issue 20's GPU section, then issue 35's energy, last in steps.csv
+    tail += GPU_COLUMNS + ENERGY_COLUMNS + LORA_COLUMNS  # GPU (20), energy and LoRA (35), last
     assert list(full.columns[-len(tail) - 2 : -len(tail)]) == ["end_reason", "probe"]
 
 

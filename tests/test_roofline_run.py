@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from vllm_loadtest.analysis.energy import ENERGY_COLUMNS
 from vllm_loadtest.analysis.finish import finish_run
+from vllm_loadtest.analysis.lora import LORA_COLUMNS
 from vllm_loadtest.analysis.roofline import MEMORY_BOUND, VERDICT_COLUMNS
 
 from tests.helpers.gpu import URL, labels, use_gpu_series
@@ -50,7 +51,7 @@ def test_a_run_with_gpu_scrapes_reads_its_roofline_regime(fake_server, tmp_path,
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "GPU (dcgm-exporter" not in proc.stdout  # no GPU endpoint: no GPU table
     plain = pd.read_csv(run_dir / "steps.csv")
-    tail = VERDICT_COLUMNS + ENERGY_COLUMNS  # the verdict ends the GPU section; issue 35's energy section after it
+    tail = VERDICT_COLUMNS + ENERGY_COLUMNS + LORA_COLUMNS  # the verdict ends GPU; energy, LoRA
     assert list(plain.columns[-len(tail) :]) == tail and plain[tail].isna().all().all()
 
     add_gpu_scrapes(run_dir)
