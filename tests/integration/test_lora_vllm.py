@@ -46,7 +46,7 @@ def test_a_lora_mix_run_records_each_requests_model_and_vllms_adapters(lora_vllm
     run_dir = tmp_path / "run"
     proc = locust(
         "--host", lora_vllm.url, "--lora-mix", ",".join(f"{m}:1" for m in MIX),
-        "--steps", "2,4", "--step-duration", "4s", "--step-warmup", "1s", "--max-tokens", "16", "--ignore-eos",
+        "--steps", "4,8", "--step-duration", "4s", "--step-warmup", "1s", "--max-tokens", "8", "--ignore-eos",
         "--scrape-interval", "0.5", "--stop-timeout", "30", "--no-report", "--run-dir", str(run_dir),
         timeout=240,
     )  # fmt: skip
