@@ -414,9 +414,22 @@ class EmbeddedVLLM:
             "settings": asdict(self.settings),
             "command": self.command() if self.python else None,
             "model": model_info,
+            "lora_adapters": self.lora_info() if self.settings.lora else None,
             "env": {"VLLM_CPU_KVCACHE_SPACE": str(self.settings.kv_cache_space_gib)},
             "autogroup_nice": self.autogroup_nice,  # see lower_priority()
         }
+
+    def lora_info(self) -> dict:
+        """Each served adapter's record (its tiny_model.json: rank, modules, seed), or {} before it was made."""
+        from .tiny_lora import ADAPTERS
+
+        info = {}
+        for name in ADAPTERS:
+            try:
+                info[name] = json.loads((self.cache / name / "tiny_model.json").read_text())
+            except (OSError, ValueError):
+                info[name] = {}
+        return info
 
     def __enter__(self) -> EmbeddedVLLM:
         return self.start()

@@ -68,6 +68,16 @@ def test_lora_adds_vllms_lora_flags_with_the_adapters_beside_the_model():
     ]  # fmt: skip
 
 
+def test_describe_records_each_adapters_generator_record(tmp_path):
+    write_info(tmp_path / "tiny-lora-a", rank=8, weights="random, torch seed 1")
+    described = EmbeddedVLLM(ServerSettings(port=1, lora=True), cache=tmp_path).describe()
+    assert described["lora_adapters"] == {
+        "tiny-lora-a": {"rank": 8, "weights": "random, torch seed 1"},
+        "tiny-lora-b": {},
+    }
+    assert EmbeddedVLLM(ServerSettings(port=1), cache=tmp_path).describe()["lora_adapters"] is None
+
+
 @pytest.mark.parametrize("other", ["--embed", "--vision", "--rerank"])
 def test_lora_with_another_model_is_refused_in_one_line_exit_3(capsys, monkeypatch, other):
     monkeypatch.setattr(cli, "EmbeddedVLLM", None)  # nothing may start
