@@ -5,6 +5,7 @@ from .server import (
     EmbeddedVLLM,
     ServerSettings,
     ensure_installed,
+    ensure_loras,
     ensure_model,
     ensure_vision_model,
 )
@@ -14,6 +15,7 @@ __all__ = [
     "EmbeddedVLLM",
     "ServerSettings",
     "ensure_installed",
+    "ensure_loras",
     "ensure_model",
     "ensure_vision_model",
 ]

@@ -6,6 +6,7 @@ python -m embedded_vllm serve --reasoning-parser qwen3 --enable-auto-tool-choice
 python -m embedded_vllm serve --embed      # the tiny model as an embedding model: /v1/embeddings
 python -m embedded_vllm serve --vision     # a tiny vision-language model: chat with one image per request
 python -m embedded_vllm serve --rerank     # a tiny cross-encoder: /v1/rerank (also /rerank, /v2/rerank)
+python -m embedded_vllm serve --lora       # the tiny model and two LoRA adapters: tiny-lora-a, tiny-lora-b
 python -m embedded_vllm demo               # server + stepped load + table, results in reports/
 python -m embedded_vllm demo --capacity    # server + capacity search (--find-capacity users) against --slo
 python -m embedded_vllm wait URL           # wait until URL/health answers (used by docker-compose)
@@ -68,6 +69,12 @@ def _settings_args(p: argparse.ArgumentParser) -> None:
         help="serve a tiny random-weight cross-encoder (the tiny model with a one-label score head): /v1/rerank, "
         "/rerank, /v2/rerank and /score (load it with --endpoint rerank)",
     )
+    p.add_argument(
+        "--lora",
+        action="store_true",
+        help="serve the tiny model with two tiny random-weight LoRA adapters, models 'tiny-lora-a' and "
+        "'tiny-lora-b' beside 'tiny' (vLLM's --enable-lora --lora-modules; load a mix with --lora-mix)",
+    )
 
 
 def _settings(a: argparse.Namespace) -> ServerSettings:
@@ -84,15 +91,18 @@ def _settings(a: argparse.Namespace) -> ServerSettings:
         embed=getattr(a, "embed", False),
         vision=getattr(a, "vision", False),
         rerank=getattr(a, "rerank", False),
+        lora=getattr(a, "lora", False),
     )
 
 
 def _tool_flags_problem(a: argparse.Namespace) -> str | None:
     """vLLM needs both tool flags or neither; one alone is refused before anything starts. --embed, --vision and
-    --rerank are different models."""
+    --rerank are different models; --lora adapts the text model."""
     chosen = [f for f in ("embed", "vision", "rerank") if getattr(a, f, False)]
     if len(chosen) > 1:
         return f"{' and '.join('--' + f for f in chosen)} serve different models; choose one"
+    if chosen and getattr(a, "lora", False):
+        return f"--lora adapts the text model; it does not go with --{chosen[0]}"
     if a.enable_auto_tool_choice and not a.tool_call_parser:
         return "--enable-auto-tool-choice needs --tool-call-parser NAME (e.g. hermes)"
     if a.tool_call_parser and not a.enable_auto_tool_choice:
@@ -153,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"vLLM: {python}\nmodel: {ensure_model(python)}")
         elif a.command == "serve":
             with EmbeddedVLLM(_settings(a)) as server:
-                print(f"Serving {server.url} (model 'tiny'); Ctrl-C to stop", flush=True)
+                models = "models 'tiny', 'tiny-lora-a', 'tiny-lora-b'" if server.settings.lora else "model 'tiny'"
+                print(f"Serving {server.url} ({models}); Ctrl-C to stop", flush=True)
                 while server.proc and server.proc.poll() is None:
                     time.sleep(1)
                 raise EmbeddedServerError(f"vLLM exited unexpectedly; see {server.log}")

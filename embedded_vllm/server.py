@@ -95,6 +95,7 @@ TINY_MODEL = Path(__file__).with_name("tiny_model.py")
 
 TINY_VISION_MODEL = Path(__file__).with_name("tiny_vision_model.py")
 TINY_RERANKER = Path(__file__).with_name("tiny_reranker.py")
+TINY_LORA = Path(__file__).with_name("tiny_lora.py")
 
 
 def generator_hash(generator: Path = TINY_MODEL) -> str:
@@ -149,6 +150,28 @@ def ensure_reranker(python: Path, cache: Path | None = None) -> Path:
     return _ensure_generated(
         python, cache, "tiny-reranker", TINY_RERANKER, [str(text)], "generating the tiny reranker", current
     )
+
+
+def ensure_loras(python: Path, cache: Path | None = None) -> dict[str, Path]:
+    """The tiny LoRA adapters' directories (tiny_lora.py, one per name and seed, for the text model), each generated
+    on first use and again whenever its generator or the text model's changed."""
+    from .tiny_lora import ADAPTERS
+
+    cache = cache or cache_dir()
+    text = ensure_model(python, cache)
+    made = {}
+    for name, seed in ADAPTERS.items():
+
+        def current(adapter: Path, seed: int = seed) -> bool:
+            if not _model_is_current(adapter, TINY_LORA):
+                return False
+            info = json.loads((adapter / "tiny_model.json").read_text())
+            return info.get("text_generator") == generator_hash() and info.get("weights", "").endswith(f" {seed}")
+
+        made[name] = _ensure_generated(
+            python, cache, name, TINY_LORA, [str(text), str(seed)], f"generating the LoRA adapter {name}", current
+        )
+    return made
 
 
 def _ensure_generated(
@@ -218,6 +241,9 @@ class ServerSettings:
     # vLLM's --enforce-eager: no torch.compile and no graph capture. On a 2-core machine the tiny model was ready
     # in 21 s instead of 44 s; the tests use it, the demo keeps the compiled engine that a GPU run would have.
     enforce_eager: bool = False
+    # The text model with two tiny LoRA adapters (tiny_lora.py: tiny-lora-a and tiny-lora-b, rank 8 on q_proj and
+    # v_proj), served beside the base model as models of their own (vLLM's --enable-lora --lora-modules).
+    lora: bool = False
 
 
 SERVER_AUTOGROUP_NICE = 10  # once it answers
@@ -273,6 +299,17 @@ class EmbeddedVLLM:
             *(["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser] if s.tool_call_parser else []),
             *(["--runner", "pooling", "--convert", "embed"] if s.embed else []),
             *(["--enforce-eager"] if s.enforce_eager else []),
+            *(self.lora_flags() if s.lora else []),
+        ]  # fmt: skip
+
+    def lora_flags(self) -> list[str]:
+        """vLLM's flags serving the tiny adapters (their directories in the cache, beside the model)."""
+        from .tiny_lora import ADAPTERS, RANK
+
+        modules = [f"{name}={self.cache / name}" for name in ADAPTERS]
+        return [
+            "--enable-lora", "--max-loras", str(len(ADAPTERS)), "--max-lora-rank", str(RANK),
+            "--lora-modules", *modules,
         ]  # fmt: skip
 
     def start(self) -> EmbeddedVLLM:
@@ -295,9 +332,13 @@ class EmbeddedVLLM:
             )
         if sum((s.embed, s.vision, s.rerank)) > 1:
             raise EmbeddedServerError("embed, vision and rerank are different models; choose one")
+        if s.lora and (s.embed or s.vision or s.rerank):
+            raise EmbeddedServerError("lora adapts the text model; it does not go with embed, vision or rerank")
         self.python = ensure_installed(self.cache)
         ensure = ensure_vision_model if s.vision else ensure_reranker if s.rerank else ensure_model
         self.model_dir = ensure(self.python, self.cache)
+        if s.lora:
+            ensure_loras(self.python, self.cache)
         env = {
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": str(s.kv_cache_space_gib),
@@ -373,9 +414,22 @@ class EmbeddedVLLM:
             "settings": asdict(self.settings),
             "command": self.command() if self.python else None,
             "model": model_info,
+            "lora_adapters": self.lora_info() if self.settings.lora else None,
             "env": {"VLLM_CPU_KVCACHE_SPACE": str(self.settings.kv_cache_space_gib)},
             "autogroup_nice": self.autogroup_nice,  # see lower_priority()
         }
+
+    def lora_info(self) -> dict:
+        """Each served adapter's record (its tiny_model.json: rank, modules, seed), or {} before it was made."""
+        from .tiny_lora import ADAPTERS
+
+        info = {}
+        for name in ADAPTERS:
+            try:
+                info[name] = json.loads((self.cache / name / "tiny_model.json").read_text())
+            except (OSError, ValueError):
+                info[name] = {}
+        return info
 
     def __enter__(self) -> EmbeddedVLLM:
         return self.start()

@@ -30,6 +30,8 @@ SERVERS: dict[str, ServerSettings] = {
     "vision_vllm": ServerSettings(num_blocks=64, max_num_seqs=16, vision=True, enforce_eager=True),
     # The tiny cross-encoder (LlamaForSequenceClassification, one label): /v1/rerank.
     "rerank_vllm": ServerSettings(num_blocks=64, max_num_seqs=16, rerank=True, enforce_eager=True),
+    # The tiny model with two tiny LoRA adapters, tiny-lora-a and tiny-lora-b (`--enable-lora --lora-modules`).
+    "lora_vllm": ServerSettings(num_blocks=64, max_num_seqs=16, lora=True, enforce_eager=True),
 }
 
 
