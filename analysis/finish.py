@@ -38,7 +38,7 @@ from .run import (
     STEPS_FILE,
     SUMMARY_FILE,
     SUMMARY_MD_FILE,
-    compute_table,
+    compute_tables,
     dataset_info,
     efficiency_ceiling,
     error_limit,
@@ -50,6 +50,8 @@ from .run import (
 )
 from .sse import CUT_OFF
 from .steps import close_unfinished, format_table, timeline_from_records
+from .trials import TRIALS_FILE, trials_summary
+from .trials import console_lines as trial_lines
 from .turns import TURNS_FILE, format_turns, has_turns, turn_table
 
 
@@ -76,6 +78,7 @@ class Outcome:
     comparisons: list[Comparison] = field(default_factory=list)  # --compare: this run against each other one
     capacity: dict | None = None  # --find-capacity: the search's result (analysis.capacity.result)
     arrivals: Arrivals | None = None  # an open loop's inter-arrival times (analysis.arrivals); None in a closed loop
+    trials: pd.DataFrame | None = None  # trials.csv (analysis.trials): --repeat's per-trial rows, else None
     turns: pd.DataFrame | None = None  # turns.csv (analysis.turns): a conversation run's per-turn table, else None
     # The GPUs' samples (analysis.gpu.gpu_series: empty without --gpu-metrics-url) and each step's roofline verdict
     # (analysis.roofline.step_verdicts, per GPU too): the report draws and tabulates them, the diagnosis quotes them.
@@ -144,6 +147,7 @@ def _summary(outcome: Outcome) -> dict:
         **({} if batch is None else {batch.name: _batch_totals(batch, run, ok)}),
         "steps": json.loads(outcome.table.to_json(orient="records")),  # NaN -> null: missing stays missing
         **({} if outcome.turns is None else {"turns": json.loads(outcome.turns.to_json(orient="records"))}),
+        **({} if outcome.trials is None else {"trials": trials_summary(outcome.table, outcome.trials)}),
         "diagnosis": outcome.diagnosis.to_dict(),
         "outages": [o.to_dict() for o in outcome.outages],
         "integrity": outcome.integrity,
@@ -193,10 +197,12 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
     else:
         timeline = close_unfinished(timeline, full)
     run = {**run, "timeline": timeline}
-    table = compute_table(full, timeline, metrics, generator)
+    table, per_trial = compute_tables(full, timeline, metrics, generator)
     if write:
         replace_file(run_dir / STEPS_FILE, table.to_csv(index=False))
-    echo("\n" + format_table(table))
+        if per_trial is not None:
+            replace_file(run_dir / TRIALS_FILE, per_trial.to_csv(index=False))
+    echo("\n" + format_table(table) + "".join("\n" + line for line in trial_lines(table)))
     gpu_lines = roofline.console_lines(table)  # only when a step saw a GPU
     if gpu_lines:
         echo("\n".join(gpu_lines))
@@ -254,6 +260,7 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
         capacity=found,
         arrivals=arrivals_of_run(records, run, table),
         turns=turns,
+        trials=per_trial,
         gpu_samples=gpu_samples,
         gpu_verdicts=gpu_verdicts,
     )
@@ -323,6 +330,8 @@ def finish_run(
     files = {STEPS_FILE: run_dir / STEPS_FILE}
     if outcome.turns is not None:
         files[TURNS_FILE] = run_dir / TURNS_FILE
+    if outcome.trials is not None:
+        files[TRIALS_FILE] = run_dir / TRIALS_FILE
     files[SUMMARY_MD_FILE] = write_summary_md(
         run_dir, outcome.table, outcome.slo, outcome.diagnosis_lines, outcome.run, outcome.capacity
     )
@@ -331,6 +340,7 @@ def finish_run(
     say(
         f"\nResults: {run_dir / REQUESTS_FILE}, {run_dir / STEPS_FILE}"
         + ("" if outcome.turns is None else f", {run_dir / TURNS_FILE}")
+        + ("" if outcome.trials is None else f", {run_dir / TRIALS_FILE}")
     )
     if report:
         from .report import build_report  # plotly is only imported when a report is written

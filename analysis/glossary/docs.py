@@ -24,6 +24,7 @@ from .columns import (
 )
 from .metrics import markdown_table
 from .registry import WEB_UI, columns
+from .trials import TRIALS
 
 # --- docs/reference/metrics.md ---------------------------------------------------------------------------------
 
@@ -105,6 +106,17 @@ _DOCS_SECTIONS = [
      "(DCGM_FI_PROF_* on a consumer GPU; DCGM_FI_PROF_SM_ACTIVE is not in dcgm-exporter's default counters) and "
      "DCGM's blank values are missing, never 0. Then the roofline verdict on them (`analysis/roofline.py`, "
      "[gpu-telemetry.md](../how-to/gpu-telemetry.md#reading-the-gpu-verdict))."),
+    (TRIALS, "steps.csv: across trials (--repeat)", "Runs with `--repeat N` (N > 1) only, last in steps.csv "
+     "(`analysis/trials.py`; empty otherwise). Such a run runs the whole plan N times, one trial after another; "
+     "steps.csv keeps one row per plan step, its core columns (and their within-step intervals) computed over the "
+     "requests of all its trials pooled (tok/s: the tokens completed in any of its trials' windows / their total "
+     "length; batch means over those windows laid end to end; `stable` compares the first half of that time with "
+     "the second), the columns measured over a window of the server or the machine (server series, self-checks, "
+     "GPUs) averaged over the trials (a flag: set when any trial's is). trials.csv has each trial's own row: the "
+     "same step table over that trial's window alone, led by `trial` and `plan_step` (`step` there is the running "
+     "step the records carry). The across-trial interval is a t-interval over the N trials' own values: it "
+     "holds the drift between trials a whole plan apart, which a step's own interval cannot see "
+     "([compare-runs.md](../how-to/compare-runs.md#repeat-a-run))."),
     (TURNS, "turns.csv: per turn", "Conversation runs (`--turns`) only: one row per turn index, from "
      "requests.parquet (`analysis/turns.py`); on the console as \"Per turn\", after the step table. A turn's "
      "requests are the k-th request of every conversation, over every step, measured by the step table's rules "

@@ -41,6 +41,7 @@ from .columns import (
     StepData,
     is_missing,
 )
+from .trials import TRIAL_COLUMNS, TRIALS
 
 _REQUEST_COLUMNS = [
     Column("request_id", REQUESTS, "text", "Unique id of the request, given by the client.", live=True),
@@ -225,6 +226,7 @@ COLUMNS: dict[tuple[str, str], Column] = {
     + RERANK_COLUMNS
     + GPU_COLUMNS
     + _GPU_VERDICT_COLUMNS
+    + TRIAL_COLUMNS
     + _REQUEST_COLUMNS
     + _LIVE_COLUMNS
     + _TURN_COLUMNS
@@ -246,6 +248,7 @@ STEP_TABLE: dict[str, Column] = {
         EMBEDDINGS,
         RERANK,
         GPU,
+        TRIALS,
         LIVE,
     )
 }
