@@ -63,9 +63,8 @@ def compute_tables(
     row per plan step over its trials pooled and the across-trial section (analysis/trials.py), trials.csv each
     trial's own rows: the same table over each timeline entry alone; without, the table as always and None."""
     if not trials.has_trials(timeline):
-        table = _table(records, timeline, metrics, generator)
-        # The across-trial section is written empty (columns are only ever appended; none has a value here).
-        return table.assign(**{name: None for name in trials.TRIAL_COLUMNS}), None
+        # No across-trial section: a run without --repeat writes steps.csv byte for byte as before.
+        return _table(records, timeline, metrics, generator), None
     per_entry = _table(records, trials.separate(timeline), metrics, generator)
     table = trials.pooled_table(step_table(records, timeline), per_entry, timeline)
     return table, trials.trials_table(per_entry, timeline)

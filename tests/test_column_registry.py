@@ -76,7 +76,6 @@ def test_the_derived_lists_are_the_columns_written_in_order(real_run):
         + g.names(g.EMBEDDINGS)
         + g.names(g.RERANK)
         + g.names(g.GPU)
-        + g.names(g.TRIALS)
     )
     for section, derived in ((g.STEP, STEP_COLUMNS), (g.SERVER, SERVER_COLUMNS), (g.GENERATOR, GENERATOR_COLUMNS),
                              (g.OPEN_LOOP, OPEN_LOOP_COLUMNS), (g.UNCERTAINTY, UNCERTAINTY_COLUMNS),

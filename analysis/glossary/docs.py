@@ -107,7 +107,8 @@ _DOCS_SECTIONS = [
      "DCGM's blank values are missing, never 0. Then the roofline verdict on them (`analysis/roofline.py`, "
      "[gpu-telemetry.md](../how-to/gpu-telemetry.md#reading-the-gpu-verdict))."),
     (TRIALS, "steps.csv: across trials (--repeat)", "Runs with `--repeat N` (N > 1) only, last in steps.csv "
-     "(`analysis/trials.py`; empty otherwise). Such a run runs the whole plan N times, one trial after another; "
+     "(`analysis/trials.py`; a run without it writes none of these columns, so its steps.csv is as before). Such "
+     "a run runs the whole plan N times, one trial after another; "
      "steps.csv keeps one row per plan step, its core columns (and their within-step intervals) computed over the "
      "requests of all its trials pooled (tok/s: the tokens completed in any of its trials' windows / their total "
      "length; batch means over those windows laid end to end; `stable` compares the first half of that time with "

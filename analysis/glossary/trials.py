@@ -1,6 +1,6 @@
 """steps.csv's across-trial section (--repeat N, issue 35): per plan step its trials' count, and for throughput and
-the latency percentiles the mean of the trials' own values with a t-interval over them. Appended after the GPU
-section, empty in a run without --repeat (the section shows only when `trials` has a value)."""
+the latency percentiles the mean of the trials' own values with a t-interval over them. Appended last, and only by
+a run with --repeat N > 1: a run without it writes steps.csv byte for byte as before."""
 
 from __future__ import annotations
 
