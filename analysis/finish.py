@@ -242,7 +242,8 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
         echo(_section("Efficiency ceiling", ceiling["text"]))
     errors = error_limit(records, (run.get("options") or {}).get("max_error_rate"))
     echo(errors["text"])
-    echo(_section("Step lengths", step_lengths_text(run, table, records)))  # analysis/adaptive.py
+    # Each timeline entry's own row (a repeated run's trials.csv: the pooled rows span several entries).
+    echo(_section("Step lengths", step_lengths_text(run, table if per_trial is None else per_trial, records)))
     outcome = Outcome(
         run_dir=run_dir,
         run=run,

@@ -48,7 +48,7 @@ def test_three_trials_of_a_two_step_plan(fake_server, tmp_path):
     assert len(summary["trials"]["steps"][0]["aggregate_tok_s"]["per_trial"]) == 3
     assert "Trials (--repeat" in out and str(run_dir / TRIALS_FILE) in out
     page = (run_dir / REPORT_FILE).read_text(encoding="utf-8")
-    assert "Trials" in page and "across trials" in page
+    assert "<h2>Trials</h2>" in page and "Trial 3 tok/s" in page and "Across trials tok/s" in page
     run = json.loads((run_dir / "run.json").read_text())
     assert [(t["plan_step"], t["trial"]) for t in run["timeline"]] == [(s, t) for t in (1, 2, 3) for s in (0, 1)]
 
