@@ -175,3 +175,12 @@ def test_the_summary_and_console_show_each_trial_and_the_across_trial_interval()
     assert tok["trials_ci"][0] <= 10 and tok["trials_ci"][1] >= 30
     lines = tr.console_lines(table)
     assert lines[1].startswith("Trials (--repeat") and len(lines) == 2 + 1 + 2
+
+
+def test_the_live_view_shows_each_trials_step_as_it_runs():
+    from vllm_loadtest.analysis.live import live_table
+
+    timeline = _timeline()
+    table, _ = live_table(_records(), timeline, now=timeline[-1]["end_time"])
+    assert table["step"].tolist() == list(range(6))  # one row per timeline entry, as the live charts draw them
+    assert table["aggregate_tok_s"].tolist() == pytest.approx([TOKENS[(t["trial"], t["plan_step"])] for t in timeline])
