@@ -50,7 +50,7 @@ from .run import (
 )
 from .sse import CUT_OFF
 from .steps import close_unfinished, format_table, timeline_from_records
-from .trials import TRIALS_FILE, trials_summary
+from .trials import TRIALS_FILE, plan_verdicts, trials_summary
 from .trials import console_lines as trial_lines
 from .turns import TURNS_FILE, format_turns, has_turns, turn_table
 
@@ -213,7 +213,7 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
             replace_file(run_dir / TURNS_FILE, turns.to_csv(index=False))
         echo("\n" + format_turns(turns))
     gpu_samples = roofline.samples(metrics)
-    gpu_verdicts = roofline.step_verdicts(gpu_samples, timeline)
+    gpu_verdicts = plan_verdicts(roofline.step_verdicts(gpu_samples, timeline), timeline)  # --repeat: per plan step
     diagnosis = diagnose(table, curve=not run.get("trace"), gpu=gpu_verdicts)  # a trace's windows: its load
     outages = find_outages(full, run.get("started_at"))
     ended = now is None  # a run in progress has no end yet

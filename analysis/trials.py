@@ -103,6 +103,18 @@ def pooled_table(core: pd.DataFrame, per_entry: pd.DataFrame, timeline: list[dic
     return table.merge(across, left_on="step", right_on="plan_step", how="left").drop(columns="plan_step")
 
 
+def plan_verdicts(verdicts: dict, timeline: list[dict]) -> dict:
+    """Per-entry verdicts (by running step, e.g. the GPUs' roofline regime) as per-plan-step ones for the pooled
+    table: a step's verdict when every trial that has one gives the same regime (the last trial's), else none."""
+    of = _trial_of(timeline)
+    if not of:
+        return verdicts
+    by_plan: dict[int, list] = {}
+    for step, verdict in verdicts.items():
+        by_plan.setdefault(of.get(int(step), (int(step), 1))[0], []).append(verdict)
+    return {plan: found[-1] for plan, found in by_plan.items() if len({v.regime for v in found}) == 1}
+
+
 def trial_interval(values: list[float] | np.ndarray) -> Interval:
     """The across-trial interval: mean ± t(0.975, N - 1) * s / sqrt(N) over the trials' own values (NaN left out),
     its lower bound clipped at 0 (every metric it is taken of, a rate or a time, is >= 0: a bound below would only

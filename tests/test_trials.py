@@ -184,3 +184,13 @@ def test_the_live_view_shows_each_trials_step_as_it_runs():
     table, _ = live_table(_records(), timeline, now=timeline[-1]["end_time"])
     assert table["step"].tolist() == list(range(6))  # one row per timeline entry, as the live charts draw them
     assert table["aggregate_tok_s"].tolist() == pytest.approx([TOKENS[(t["trial"], t["plan_step"])] for t in timeline])
+
+
+def test_a_plan_steps_verdict_is_its_trials_when_they_agree():
+    from types import SimpleNamespace
+
+    v = {k: SimpleNamespace(regime=r) for k, r in enumerate(["memory_bound", "neither", "memory_bound",
+                                                              "compute_bound", "memory_bound", "neither"])}  # fmt: skip
+    out = tr.plan_verdicts(v, _timeline())
+    assert set(out) == {0} and out[0] is v[4]  # plan step 1's trials disagree: no verdict for it
+    assert tr.plan_verdicts(v, tr.separate(_timeline())) is v  # without --repeat: as they were
