@@ -152,9 +152,11 @@ class Comparison:
                 line += f"; `python -m analysis report {name}` recomputes its steps.csv, intervals included"
             out.append(line + ".")
         out += [s.line() for s in self.steps]
-        if any(d.trials for s in self.steps for d in s.differences):
+        judged = [d.trials for s in self.steps for d in s.differences]
+        if any(judged):
             out.append(TRIALS_NOTE)
-        out.append(NOISE_NOTE)
+        if not judged or not all(judged):  # some difference was judged on the within-step intervals alone
+            out.append(NOISE_NOTE)
         return out
 
 
@@ -167,8 +169,11 @@ def _num(row: pd.Series | None, column: str) -> float:
 def _trial_values(row: pd.Series, column: str) -> list[float] | None:
     """(mean, low, high) of the step's across-trial interval of `column`, or None when it has none (no --repeat, or
     fewer than 2 trials with a value)."""
-    values = [_num(row, column + suffix) for suffix in (TRIALS_MEAN, TRIALS_LOW, TRIALS_HIGH)]
-    return None if any(math.isnan(v) for v in values) else values
+    mean, low, high = (_num(row, column + suffix) for suffix in (TRIALS_MEAN, TRIALS_LOW, TRIALS_HIGH))
+    if any(math.isnan(v) for v in (mean, low, high)):
+        return None
+    # The t-interval is symmetric; its lower bound is clipped at 0 in steps.csv: the half-width is the upper side's.
+    return [mean, 2 * mean - high, high]
 
 
 def _difference(column: str, label: str, a: pd.Series, b: pd.Series, missing: list[str]) -> Difference:

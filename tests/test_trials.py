@@ -161,6 +161,12 @@ def test_compare_uses_the_across_trial_intervals_when_both_runs_have_them():
     assert tok.steps[0].differences[0].significant is True
     lines = tok.lines()
     assert "aggregate tok/s across trials: +10 %" in lines[1] and any("across trials is judged" in x for x in lines)
+    assert not any(x.startswith("Judged against within-run noise only") for x in lines)  # every one across trials
+    # A lower bound clipped at 0 (few trials far apart) does not narrow the half-width compared against.
+    wide = _compare_table(5500, 0.02, 1.5)
+    wide["aggregate_tok_s_trials_ci_low"] = 0.0
+    far = compare_runs(wide, _compare_table(5000, 0.02, 0.02), "A", "B").steps[0].differences[0]
+    assert far.half_width == pytest.approx(1.1 * math.hypot(1.5, 0.02))
     # Only one run repeated: the within-step intervals, as before.
     one = compare_runs(_compare_table(5500, 0.15, 0.02), _compare_table(5000, 0.15, None), "A", "B")
     assert one.steps[0].differences[0].significant is False and not one.steps[0].differences[0].trials
