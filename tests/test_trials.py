@@ -200,3 +200,14 @@ def test_a_plan_steps_verdict_is_its_trials_when_they_agree():
     out = tr.plan_verdicts(v, _timeline())
     assert set(out) == {0} and out[0] is v[4]  # plan step 1's trials disagree: no verdict for it
     assert tr.plan_verdicts(v, tr.separate(_timeline())) is v  # without --repeat: as they were
+
+
+def test_a_run_stopped_during_a_later_trial_pools_what_ran():
+    timeline = _timeline()[:3]  # stopped in trial 2's first step: plan step 1 has a single trial
+    records = _records()
+    records = records[records["step"] < 3]
+    table, per_trial = compute_tables(records, timeline, None, None)
+    assert len(per_trial) == 3 and table["trials"].tolist() == [2, 1]
+    assert table.iloc[0]["aggregate_tok_s"] == pytest.approx(15.0)  # (10 + 20) tokens/s over two equal windows
+    assert math.isnan(table.iloc[1]["aggregate_tok_s_trials_ci_low"])  # one trial: no across-trial interval
+    assert table.iloc[1]["aggregate_tok_s_trials_mean"] == pytest.approx(40.0)
