@@ -5,6 +5,8 @@ every trial's own tok/s (for 3 trials it always does: analysis/trials.py). A cap
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -12,6 +14,7 @@ from vllm_loadtest.analysis.report import REPORT_FILE, SUMMARY_FILE
 from vllm_loadtest.analysis.trials import TRIAL_COLUMNS, TRIALS_FILE
 
 from tests.helpers.badinput import first_error
+from tests.helpers.paths import ROOT
 from tests.helpers.runs import locust
 
 pytestmark = [pytest.mark.contract]
@@ -51,6 +54,29 @@ def test_three_trials_of_a_two_step_plan(fake_server, tmp_path):
     assert "<h2>Trials</h2>" in page and "Trial 3 tok/s" in page and "Across trials tok/s" in page
     run = json.loads((run_dir / "run.json").read_text())
     assert [(t["plan_step"], t["trial"]) for t in run["timeline"]] == [(s, t) for t in (1, 2, 3) for s in (0, 1)]
+    # Rebuilt from the run's files, the run reads the same.
+    written = {name: (run_dir / name).read_bytes() for name in ("steps.csv", TRIALS_FILE)}
+    rebuilt = subprocess.run([sys.executable, "-m", "analysis", "report", str(run_dir)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert rebuilt.returncode == 0, rebuilt.stderr[-2000:]
+    assert {name: (run_dir / name).read_bytes() for name in written} == written
+
+
+def test_two_trials_of_a_rate_plan(fake_server, tmp_path):
+    server = fake_server("--ttft-ms", "20", "--itl-ms", "5")
+    run_dir = tmp_path / "run"
+    proc = locust(
+        "--host", server.url, "--rates", "4,8", "--max-users", "8", "--step-duration", "3s", "--step-warmup", "0s",
+        "--max-tokens", "16", "--repeat", "2", "--run-dir", str(run_dir), timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "trial 2/2" in proc.stdout
+    steps, trials = pd.read_csv(run_dir / "steps.csv"), pd.read_csv(run_dir / TRIALS_FILE)
+    assert steps["rate_rps"].tolist() == [4, 8] and trials["rate_rps"].tolist() == [4, 8, 4, 8]
+    assert (steps["trials"] == 2).all() and len(trials) == 4
+    for _, row in steps.iterrows():
+        own = trials[trials["plan_step"] == row["step"]]["aggregate_tok_s"]
+        assert row["aggregate_tok_s_trials_ci_low"] <= own.min() and own.max() <= row["aggregate_tok_s_trials_ci_high"]
 
 
 def test_repeat_is_refused_with_a_capacity_search(fake_server):
