@@ -19,7 +19,15 @@ import pandas as pd
 from . import glossary, kinds
 from .glossary import numeric_column as _numbers
 from .glossary import percentile
-from .uncertainty import batch_count, halves, min_samples_for_quantile, quantile_interval, rate_interval
+from .uncertainty import (
+    batch_count,
+    end_to_end,
+    halves,
+    min_samples_for_quantile,
+    quantile_interval,
+    rate_interval,
+    windows_rate_interval,
+)
 
 EMBEDDINGS_COLUMNS = glossary.names(glossary.EMBEDDINGS)
 # Every batch kind's columns, in steps.csv's order (each kind's items/s section after the embeddings one).
@@ -77,16 +85,22 @@ def batch_row(
     run_spans: tuple[np.ndarray, np.ndarray, dict[str, np.ndarray | None]],
     window_start: float,
     window_end: float,
+    windows: list[tuple[float, float]] | None = None,
 ) -> dict:
     """One row's batch columns (BATCH_COLUMNS, in their order): rate = sum of the field over the ok requests
     completed in [window_start, window_end) / window, batch means with k = batch_count(window, median E2E); E2E
-    percentiles of the measured ok requests with order-statistic intervals. `ok`: the step's measured ok requests."""
+    percentiles of the measured ok requests with order-statistic intervals. `ok`: the step's measured ok requests.
+    `windows`: a --repeat step's trials' windows, pooled end to end (uncertainty.end_to_end)."""
     e2e = _numbers(ok, "e2e_s")
     known = e2e[~np.isnan(e2e)]
     median_e2e = float(np.median(known)) if known.size else math.nan
+    starts, ends, weights = run_spans
+    pooled = windows is not None and len(windows) > 1
+    if pooled:
+        run_spans = (starts, end_to_end(ends, windows), weights)
+        window_start, window_end, real_ends, ends = 0.0, sum(b - a for a, b in windows), ends, run_spans[1]
     window = window_end - window_start
     k = batch_count(window, median_e2e)
-    starts, ends, weights = run_spans
     done = (ends >= window_start) & (ends < window_end)
     row: dict = {}
     for rate, _field in RATES:
@@ -94,7 +108,10 @@ def batch_row(
         if w is None or not window > 0:
             row[rate] = row[f"{rate}_ci_low"] = row[f"{rate}_ci_high"] = math.nan
             continue
-        ci = rate_interval(starts, ends, w, window_start, window_end, k)
+        if pooled:
+            ci = windows_rate_interval(starts, real_ends, w, windows, k)
+        else:
+            ci = rate_interval(starts, ends, w, window_start, window_end, k)
         row[rate] = float(w[done].sum() / window)
         row[f"{rate}_ci_low"], row[f"{rate}_ci_high"] = ci.low, ci.high
     for kind in kinds.BATCH_KINDS:

@@ -7,6 +7,10 @@ d = a / b - 1, and its 95 % interval combines the two runs' independent interval
 method for a ratio): half-width = (a / b) * sqrt((h_a / a)^2 + (h_b / b)^2), h = (ci_high - ci_low) / 2. A
 difference is significant when |d| exceeds that half-width. The intervals are each run's within-run noise only:
 run-to-run and machine-to-machine variation is not in them, and the lines say so.
+
+When both runs repeated their plan (--repeat, analysis/trials.py) and a metric has an across-trial interval at the
+load in both, the same rule is applied to the across-trial means and intervals instead (the t-interval over each
+run's trials, which holds the drift between trials a whole plan apart): a step's own interval cannot see that drift.
 """
 
 from __future__ import annotations
@@ -33,6 +37,13 @@ def batch_metrics(kind: RequestKind) -> tuple[tuple[str, str], ...]:
 
 
 CI_LOW, CI_HIGH = "_ci_low", "_ci_high"
+TRIALS_MEAN, TRIALS_LOW, TRIALS_HIGH = "_trials_mean", "_trials_ci_low", "_trials_ci_high"
+TRIALS_LABEL = " across trials"
+TRIALS_NOTE = (
+    "A difference marked across trials is judged on both runs' across-trial means and intervals (--repeat: the "
+    "t-interval over each run's trials of the step, a whole plan apart), which hold the drift between trials that "
+    "a step's own interval cannot see."
+)
 
 NOISE_NOTE = (
     "Judged against within-run noise only (each step's own 95 % intervals): run-to-run and machine-to-machine "
@@ -71,6 +82,7 @@ class Difference:
     relative: float  # this / other - 1
     half_width: float  # of `relative`; NaN when it cannot be judged (then `reason` says why)
     reason: str | None = None
+    trials: bool = False  # judged on both runs' across-trial means and intervals (--repeat), not the within-step ones
 
     @property
     def significant(self) -> bool | None:
@@ -90,8 +102,8 @@ class Difference:
         return stated if self.significant else f"no significant difference ({stated})"
 
     def text(self) -> str:
-        """'aggregate tok/s: +12 % ± 4 %'."""
-        return f"{self.label}: {self.stated()}"
+        """'aggregate tok/s: +12 % ± 4 %' ('aggregate tok/s across trials: ...' when judged on the trials)."""
+        return f"{self.label}{TRIALS_LABEL if self.trials else ''}: {self.stated()}"
 
 
 @dataclass(frozen=True)
@@ -140,7 +152,11 @@ class Comparison:
                 line += f"; `python -m analysis report {name}` recomputes its steps.csv, intervals included"
             out.append(line + ".")
         out += [s.line() for s in self.steps]
-        out.append(NOISE_NOTE)
+        judged = [d.trials for s in self.steps for d in s.differences]
+        if any(judged):
+            out.append(TRIALS_NOTE)
+        if not judged or not all(judged):  # some difference was judged on the within-step intervals alone
+            out.append(NOISE_NOTE)
         return out
 
 
@@ -150,7 +166,22 @@ def _num(row: pd.Series | None, column: str) -> float:
     return float(row[column])
 
 
+def _trial_values(row: pd.Series, column: str) -> list[float] | None:
+    """(mean, low, high) of the step's across-trial interval of `column`, or None when it has none (no --repeat, or
+    fewer than 2 trials with a value)."""
+    mean, low, high = (_num(row, column + suffix) for suffix in (TRIALS_MEAN, TRIALS_LOW, TRIALS_HIGH))
+    if any(math.isnan(v) for v in (mean, low, high)):
+        return None
+    # The t-interval is symmetric; its lower bound is clipped at 0 in steps.csv: the half-width is the upper side's.
+    return [mean, 2 * mean - high, high]
+
+
 def _difference(column: str, label: str, a: pd.Series, b: pd.Series, missing: list[str]) -> Difference:
+    trials = _trial_values(a, column), _trial_values(b, column)
+    if trials[0] is not None and trials[1] is not None:
+        values = trials[0] + trials[1]
+        relative, half = relative_difference(*values)
+        return Difference(column, label, values[0], values[3], relative, half, trials=True)
     lo, hi = column + CI_LOW, column + CI_HIGH
     values = [_num(a, column), _num(a, lo), _num(a, hi), _num(b, column), _num(b, lo), _num(b, hi)]
     relative, half = relative_difference(*values)

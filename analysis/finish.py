@@ -39,7 +39,7 @@ from .run import (
     STEPS_FILE,
     SUMMARY_FILE,
     SUMMARY_MD_FILE,
-    compute_table,
+    compute_tables,
     dataset_info,
     efficiency_ceiling,
     error_limit,
@@ -51,6 +51,8 @@ from .run import (
 )
 from .sse import CUT_OFF
 from .steps import close_unfinished, format_table, timeline_from_records
+from .trials import TRIALS_FILE, plan_verdicts, trials_summary
+from .trials import console_lines as trial_lines
 from .turns import TURNS_FILE, format_turns, has_turns, turn_table
 
 
@@ -77,6 +79,7 @@ class Outcome:
     comparisons: list[Comparison] = field(default_factory=list)  # --compare: this run against each other one
     capacity: dict | None = None  # --find-capacity: the search's result (analysis.capacity.result)
     arrivals: Arrivals | None = None  # an open loop's inter-arrival times (analysis.arrivals); None in a closed loop
+    trials: pd.DataFrame | None = None  # trials.csv (analysis.trials): --repeat's per-trial rows, else None
     turns: pd.DataFrame | None = None  # turns.csv (analysis.turns): a conversation run's per-turn table, else None
     models: pd.DataFrame | None = None  # models.csv (analysis.lora): a model mix's per-model rows, else None
     # The GPUs' samples (analysis.gpu.gpu_series: empty without --gpu-metrics-url) and each step's roofline verdict
@@ -149,6 +152,7 @@ def _summary(outcome: Outcome) -> dict:
         # --lora-mix: the mix (run.json's) and each model over the whole measured run (analysis.lora); else null.
         "lora_mix": run.get("lora_mix"),
         "per_model": run_models(records, run.get("timeline") or [], run) if outcome.models is not None else None,
+        **({} if outcome.trials is None else {"trials": trials_summary(outcome.table, outcome.trials)}),
         "diagnosis": outcome.diagnosis.to_dict(),
         "outages": [o.to_dict() for o in outcome.outages],
         "integrity": outcome.integrity,
@@ -200,10 +204,12 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
     else:
         timeline = close_unfinished(timeline, full)
     run = {**run, "timeline": timeline}
-    table = compute_table(full, timeline, metrics, generator)
+    table, per_trial = compute_tables(full, timeline, metrics, generator)
     if write:
         replace_file(run_dir / STEPS_FILE, table.to_csv(index=False))
-    echo("\n" + format_table(table))
+        if per_trial is not None:
+            replace_file(run_dir / TRIALS_FILE, per_trial.to_csv(index=False))
+    echo("\n" + format_table(table) + "".join("\n" + line for line in trial_lines(table)))
     gpu_lines = roofline.console_lines(table)  # only when a step saw a GPU
     if gpu_lines:
         echo("\n".join(gpu_lines))
@@ -225,7 +231,7 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
         if text:
             echo("\n" + text)
     gpu_samples = roofline.samples(metrics)
-    gpu_verdicts = roofline.step_verdicts(gpu_samples, timeline)
+    gpu_verdicts = plan_verdicts(roofline.step_verdicts(gpu_samples, timeline), timeline)  # --repeat: per plan step
     diagnosis = diagnose(table, curve=not run.get("trace"), gpu=gpu_verdicts)  # a trace's windows: its load
     outages = find_outages(full, run.get("started_at"))
     ended = now is None  # a run in progress has no end yet
@@ -254,7 +260,8 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
         echo(_section("Efficiency ceiling", ceiling["text"]))
     errors = error_limit(records, (run.get("options") or {}).get("max_error_rate"))
     echo(errors["text"])
-    echo(_section("Step lengths", step_lengths_text(run, table, records)))  # analysis/adaptive.py
+    # Each timeline entry's own row (a repeated run's trials.csv: the pooled rows span several entries).
+    echo(_section("Step lengths", step_lengths_text(run, table if per_trial is None else per_trial, records)))
     outcome = Outcome(
         run_dir=run_dir,
         run=run,
@@ -273,6 +280,7 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
         arrivals=arrivals_of_run(records, run, table),
         turns=turns,
         models=models,
+        trials=per_trial,
         gpu_samples=gpu_samples,
         gpu_verdicts=gpu_verdicts,
     )
@@ -344,6 +352,8 @@ def finish_run(
         files[TURNS_FILE] = run_dir / TURNS_FILE
     if outcome.models is not None:
         files[MODELS_FILE] = run_dir / MODELS_FILE
+    if outcome.trials is not None:
+        files[TRIALS_FILE] = run_dir / TRIALS_FILE
     files[SUMMARY_MD_FILE] = write_summary_md(
         run_dir, outcome.table, outcome.slo, outcome.diagnosis_lines, outcome.run, outcome.capacity
     )
@@ -353,6 +363,7 @@ def finish_run(
         f"\nResults: {run_dir / REQUESTS_FILE}, {run_dir / STEPS_FILE}"
         + ("" if outcome.turns is None else f", {run_dir / TURNS_FILE}")
         + ("" if outcome.models is None else f", {run_dir / MODELS_FILE}")
+        + ("" if outcome.trials is None else f", {run_dir / TRIALS_FILE}")
     )
     if report:
         from .report import build_report  # plotly is only imported when a report is written

@@ -12,6 +12,7 @@ import pandas as pd
 
 from . import glossary
 from .steps import run_row, step_table
+from .trials import separate
 
 # What the live table needs of a record (the glossary's request columns marked live); the per-chunk lists stay on
 # disk (ITL is in the final report only).
@@ -66,8 +67,10 @@ def close_open_steps(timeline: list[dict], now: float) -> list[dict]:
 
 
 def live_table(records: pd.DataFrame, timeline: list[dict], now: float) -> tuple[pd.DataFrame, dict]:
-    """(the step table so far, the whole run's row): an open step is measured up to `now`."""
-    timeline = close_open_steps(timeline, now)
+    """(the step table so far, the whole run's row): an open step is measured up to `now`. A --repeat run's trials
+    are shown each on its own row as they run (its timeline's running steps; steps.csv pools them at the end), so the
+    live charts' steps and the table's rows stay one per timeline entry."""
+    timeline = separate(close_open_steps(timeline, now))
     if not timeline or records.empty:
         return pd.DataFrame(), {}
     table = step_table(records, timeline)

@@ -102,6 +102,8 @@ def line(kind: kinds.RequestKind | None, row: dict) -> str:
         if n == throughput(kind) and cell != "-" and not math.isnan(row.get("half_width", math.nan)):
             cell += f" ±{row['half_width']:.1f}"
         cells.append(cell.rjust(_width(n, kind)))
+    if row.get("trial"):  # --repeat: the plan step's trial, after the same columns as every other line
+        cells.append(f"trial {row['trial']}")
     return "  ".join(cells)
 
 
@@ -115,7 +117,9 @@ def step_row(steps: Steps, step: dict) -> dict | None:
     window_start, window_end = float(step["measure_start"]), float(step["end_time"])
     measured = (warm == 0) & (cut == 0) & (start + np.nan_to_num(duration, nan=np.inf) <= window_end)
     good = measured & (ok == 1)
-    row: dict = {"step": step["step"], "users": step["users"], "requests": int(good.sum())}
+    row: dict = {"step": step.get("plan_step", step["step"]), "users": step["users"], "requests": int(good.sum())}
+    if step.get("trial") is not None:
+        row["trial"] = f"{step['trial']}/{step.get('trials', '?')}"
     row["errors"] = int((measured & (ok == 0)).sum())
     for name, metric, q in LATENCIES:
         row[name] = glossary.percentile((ttft if metric == "ttft" else tpot)[good], q)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import trials
 from .adaptive import end_reasons
 from .batch import BATCH_COLUMNS
 from .diskio import replace_file
@@ -45,6 +46,33 @@ def write_run(run_dir: Path, data: dict) -> None:
 
 
 def compute_table(
+    records: pd.DataFrame,
+    timeline: list[dict],
+    metrics: pd.DataFrame | None,
+    generator: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """steps.csv: one row per step (per plan step with --repeat, its trials pooled: compute_tables)."""
+    return compute_tables(records, timeline, metrics, generator)[0]
+
+
+def compute_tables(
+    records: pd.DataFrame,
+    timeline: list[dict],
+    metrics: pd.DataFrame | None,
+    generator: pd.DataFrame | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """(steps.csv, trials.csv or None). With --repeat (the timeline's entries carry their trial), steps.csv has one
+    row per plan step over its trials pooled and the across-trial section (analysis/trials.py), trials.csv each
+    trial's own rows: the same table over each timeline entry alone; without, the table as always and None."""
+    if not trials.has_trials(timeline):
+        # No across-trial section: a run without --repeat writes steps.csv byte for byte as before.
+        return _table(records, timeline, metrics, generator), None
+    per_entry = _table(records, trials.separate(timeline), metrics, generator)
+    table = trials.pooled_table(step_table(records, timeline), per_entry, timeline)
+    return table, trials.trials_table(per_entry, timeline)
+
+
+def _table(
     records: pd.DataFrame,
     timeline: list[dict],
     metrics: pd.DataFrame | None,
@@ -100,8 +128,10 @@ def finalize(run_dir: Path) -> pd.DataFrame:
     run_dir = Path(run_dir)
     records, metrics, generator = merged(run_dir)
     timeline = read_run(run_dir).get("timeline") or timeline_from_records(records)
-    table = compute_table(records, timeline, metrics, generator)
+    table, per_trial = compute_tables(records, timeline, metrics, generator)
     replace_file(run_dir / STEPS_FILE, table.to_csv(index=False))
+    if per_trial is not None:
+        replace_file(run_dir / trials.TRIALS_FILE, per_trial.to_csv(index=False))
     return table
 
 

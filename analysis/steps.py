@@ -31,7 +31,8 @@ from .reasoning import REASONING_COLUMNS, reasoning_row
 from .reasoning import console_lines as format_reasoning
 from .schedule import OPEN_LOOP_COLUMNS, format_open_loop, is_rate_run, open_loop_columns
 from .sse import CUT_OFF
-from .uncertainty import batch_count, halves, quantile_interval, rate_interval, t_interval
+from .trials import plan_groups
+from .uncertainty import batch_count, end_to_end, halves, quantile_interval, t_interval, windows_rate_interval
 
 # Column order of steps.csv's core columns, from the glossary (which computes them too).
 STEP_COLUMNS = glossary.names(glossary.STEP)
@@ -102,20 +103,31 @@ def _summarize(ok: pd.DataFrame, errors: int, cut_off: int, tokens: int, window_
 
 
 def interval_columns(
-    ok: pd.DataFrame, spans: tuple[np.ndarray, np.ndarray, np.ndarray], window_start: float, window_end: float
+    ok: pd.DataFrame,
+    spans: tuple[np.ndarray, np.ndarray, np.ndarray],
+    window_start: float,
+    window_end: float,
+    windows: list[tuple[float, float]] | None = None,
 ) -> dict:
     """One row's uncertainty columns (all but outlier, which needs the neighbouring steps): batch means over the
     tokens completed in the window (k = batch_count(window, median E2E)) widened by the window-edge error,
     t-intervals over the requests, order-statistic intervals of the percentiles, the two halves' rates and the
-    stability check on them. `spans`: (start, end, output tokens) of every ok request of the run."""
+    stability check on them. `spans`: (start, end, output tokens) of every ok request of the run. `windows`: a
+    --repeat step's trials' windows, pooled end to end (uncertainty.end_to_end): its halves are then the first and
+    the second half of its trials' time together."""
     e2e = pd.to_numeric(ok["e2e_s"], errors="coerce").to_numpy(dtype=float)
     median_e2e = float(np.median(e2e[~np.isnan(e2e)])) if (~np.isnan(e2e)).any() else math.nan
-    k = batch_count(window_end - window_start, median_e2e)
     starts, ends, tokens = spans
+    if windows is not None and len(windows) > 1:
+        agg_windows, ends = windows, end_to_end(ends, windows)
+        window_start, window_end = 0.0, sum(b - a for a, b in windows)
+    else:
+        agg_windows = [(window_start, window_end)]
+    k = batch_count(window_end - window_start, median_e2e)
     done = (ends >= window_start) & (ends < window_end)
     done_times, done_tokens = ends[done], tokens[done]
     row: dict = {}
-    agg = rate_interval(starts, ends, tokens, window_start, window_end, k)
+    agg = windows_rate_interval(starts, spans[1], tokens, agg_windows, k)
     intervals = {
         "aggregate_tok_s": agg,
         "per_request_tok_s_mean": t_interval(
@@ -174,9 +186,14 @@ _NO_OUTPUT = (
 )
 
 
-def _batch_stable(row: dict, kind, emb_spans: tuple, window_start: float, window_end: float, ok: pd.DataFrame) -> None:
+def _batch_stable(
+    row: dict, kind, emb_spans: tuple, window_start: float, window_end: float, ok: pd.DataFrame, windows=None
+) -> None:
     """A batch kind's step's stability judged on its items/s (its tok/s halves are missing), in place."""
     e2e = pd.to_numeric(ok["e2e_s"], errors="coerce").dropna()
+    if windows is not None and len(windows) > 1:  # --repeat's pooled step: its trials' windows end to end
+        emb_spans = (emb_spans[0], end_to_end(emb_spans[1], windows), emb_spans[2])
+        window_start, window_end = 0.0, sum(b - a for a, b in windows)
     halves_ = stability(emb_spans, kind, window_start, window_end, float(e2e.median()) if len(e2e) else math.nan)
     judged = (
         halves_ is not None
@@ -243,28 +260,34 @@ def step_table(records: pd.DataFrame, timeline: list[dict]) -> pd.DataFrame:
     emb_spans = batch_spans(records)
     batch = run_kind(records)
     rows = []
-    for step in timeline:
-        s = int(step["step"])
-        in_step = (records["step"] == s) & measured
+    # One row per step; with --repeat, one per plan step over its trials pooled (analysis/trials.py).
+    for entries in plan_groups(timeline):
+        step = entries[0]
+        in_step = records["step"].isin([int(t["step"]) for t in entries]) & measured
         ok = records[in_step & (records["status"] == "ok") & ~cut]
         errors = int((in_step & (records["status"] != "ok") & ~cut).sum())
-        window_start, window_end = float(step["measure_start"]), float(step["end_time"] or stop_time)
-        done = (records["status"] == "ok") & (end_time >= window_start) & (end_time < window_end)
+        windows = [(float(t["measure_start"]), float(t["end_time"] or stop_time)) for t in entries]
+        window_start, window_end = windows[0]
+        window_s = sum(b - a for a, b in windows)
+        done = pd.Series(False, index=records.index)
+        in_window = pd.Series(False, index=records.index)
+        for a, b in windows:
+            done |= (records["status"] == "ok") & (end_time >= a) & (end_time < b)
+            in_window |= (records["start_time"] >= a) & (records["start_time"] < b)
         tokens = int(records.loc[done, "output_tokens"].sum())
-        row = {"step": s, "users": int(step["users"])}
-        row.update(_summarize(ok, errors, int((in_step & cut).sum()), tokens, window_end - window_start))
-        in_window = (records["start_time"] >= window_start) & (records["start_time"] < window_end)
+        row = {"step": int(step.get("plan_step", step["step"])), "users": int(step["users"])}
+        row.update(_summarize(ok, errors, int((in_step & cut).sum()), tokens, window_s))
         if starts is not None and step.get("rate_rps") is not None:
             in_window &= starts
         sent_in_window = int(in_window.sum())
         sent = records.loc[in_step, [c for c in ("schedule_lag_s",) if c in records.columns]]
-        row.update(open_loop_columns(sent, ok, sent_in_window, window_end - window_start, step.get("rate_rps")))
-        row.update(interval_columns(ok, spans, window_start, window_end))
+        row.update(open_loop_columns(sent, ok, sent_in_window, window_s, step.get("rate_rps")))
+        row.update(interval_columns(ok, spans, window_start, window_end, windows))
         row.update(reasoning_row(ok))
-        row.update(batch_row(ok, emb_spans, window_start, window_end))
+        row.update(batch_row(ok, emb_spans, window_start, window_end, windows))
         if batch is not None:
             row.update(dict.fromkeys(_NO_OUTPUT, math.nan))
-            _batch_stable(row, batch, emb_spans, window_start, window_end, ok)
+            _batch_stable(row, batch, emb_spans, window_start, window_end, ok, windows)
         rows.append(row)
     table = pd.DataFrame(
         rows, columns=STEP_COLUMNS + OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS + REASONING_COLUMNS + BATCH_COLUMNS

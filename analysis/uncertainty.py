@@ -269,3 +269,40 @@ def rate_interval(
     z = float(stats.norm.ppf((1 + confidence) / 2))
     half = math.hypot(ci.half_width, z * edge)
     return Interval(ci.value, ci.value - half, ci.value + half, ci.n)
+
+
+def end_to_end(times: Sequence[float] | np.ndarray, windows: Sequence[tuple[float, float]]) -> np.ndarray:
+    """Times inside any of the windows placed on the windows laid end to end (window i starts where window i - 1
+    ends, at the sum of the earlier lengths); NaN outside every window. --repeat's pooled step: its trials' windows,
+    a whole plan apart, become one window of their total length for batch means and halves."""
+    t = np.asarray(times, dtype=float)
+    out = np.full(t.shape, math.nan)
+    offset = 0.0
+    for start, end in windows:
+        inside = (t >= start) & (t < end)
+        out[inside] = t[inside] - start + offset
+        offset += max(end - start, 0.0)
+    return out
+
+
+def windows_rate_interval(
+    starts: Sequence[float] | np.ndarray,
+    ends: Sequence[float] | np.ndarray,
+    tokens: Sequence[float] | np.ndarray,
+    windows: Sequence[tuple[float, float]],
+    batches: int,
+    confidence: float = CONFIDENCE,
+) -> Interval:
+    """rate_interval over several windows: the tokens completed in any window / their total length; batch means over
+    the windows laid end to end (end_to_end), widened by the window-edge errors of every window (each window's sd
+    weighted by its share of the total length: sd = sqrt(sum((W_i sd_i)^2)) / W). One window: rate_interval."""
+    if len(windows) == 1:
+        return rate_interval(starts, ends, tokens, windows[0][0], windows[0][1], batches, confidence)
+    total = sum(max(b - a, 0.0) for a, b in windows)
+    ci = batch_means(end_to_end(ends, windows), tokens, 0.0, total, batches, confidence)
+    if math.isnan(ci.low):
+        return ci
+    edge = math.sqrt(sum(((b - a) * completion_edge_sd(starts, ends, tokens, a, b)) ** 2 for a, b in windows)) / total
+    z = float(stats.norm.ppf((1 + confidence) / 2))
+    half = math.hypot(ci.half_width, z * edge)
+    return Interval(ci.value, ci.value - half, ci.value + half, ci.n)

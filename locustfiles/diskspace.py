@@ -38,7 +38,8 @@ UNPLANNED_HORIZON_S = 600.0
 
 def planned_seconds(options) -> float | None:
     """The run's planned length: its steps (or rates) times --step-duration (with auto, --max-step-duration: an
-    upper bound); None for a capacity search or a trace replay, whose length depends on the server."""
+    upper bound) times --repeat's trials; None for a capacity search or a trace replay, whose length depends on the
+    server."""
     if str(options.find_capacity or "").strip() or trace_run.active(options):
         return None
     try:
@@ -48,9 +49,10 @@ def planned_seconds(options) -> float | None:
         if duration is None:
             maximum = options.max_step_duration
             duration = opts_mod.parse_duration(maximum, "--max-step-duration")
-    except (ValueError, AttributeError):
+        trials = max(1, int(options.repeat))
+    except (ValueError, AttributeError, TypeError):
         return None  # refused by the option checks; nothing to plan
-    return n * duration
+    return n * duration * trials
 
 
 def expected_output_tokens(options) -> float:
@@ -77,7 +79,7 @@ def before_run(options, run_dir: Path) -> str | None:
     if free is None:
         return None
     rates = parse_rates(rates_text)
-    step_s = planned_seconds(options) / len(rates)
+    step_s = planned_seconds(options) / len(rates)  # each rate's time over all its trials
     requests = sum(rates) * step_s
     tokens = expected_output_tokens(options)
     need = requests * record_bytes(tokens)

@@ -104,6 +104,7 @@ def check(options: argparse.Namespace) -> None:
         if options.max_users < 1:
             raise ValueError(f"--max-users {options.max_users} must be at least 1")
     check_step_length(options)
+    check_repeat(options)
     check_capacity(options)
     check_arrival(options)
     check_request_kind(options)
@@ -265,6 +266,29 @@ def check_arrival(options: argparse.Namespace) -> None:
             f"{arrival}); add --arrival gamma or drop --burstiness"
         )
     options.burstiness = burstiness  # the web UI's start form may hand back text: one type from here on
+
+
+def check_repeat(options: argparse.Namespace) -> None:
+    """--repeat N repeats a fixed plan (--steps or --rates) whole; a capacity search and a trace replay have none."""
+    try:
+        repeat = int(str(options.repeat).strip())
+    except ValueError:
+        raise ValueError(f"--repeat {options.repeat!r} is not a whole number of trials, e.g. --repeat 3") from None
+    if repeat < 1:
+        raise ValueError(f"--repeat {repeat} must be at least 1")
+    options.repeat = repeat  # the web UI's start form may hand back text: one type from here on
+    if repeat == 1:
+        return
+    if str(options.find_capacity or "").strip():
+        raise ValueError(
+            f"--repeat {repeat} is not supported with --find-capacity: the search picks each probe's load from the "
+            "verdicts so far, so there is no fixed plan to repeat; repeat --steps or --rates at the loads it found"
+        )
+    if options.trace:
+        raise ValueError(
+            f"--repeat {repeat} is not supported with --trace: a replay's windows are the trace's own time, not "
+            "steps of a fixed plan; replay it again as a separate run and compare the runs"
+        )
 
 
 def check_capacity(options: argparse.Namespace) -> None:

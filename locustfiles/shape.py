@@ -85,6 +85,13 @@ class LoadPlanOptions:
         "Start of each step excluded from its statistics, inside --step-duration (e.g. 5s): the requests sent in it "
         "are recorded but not measured. Default 5s, a fifth of the step when --step-duration is under 10 s",
     )
+    repeat: int = option(
+        "--repeat",
+        1,
+        "Run the whole --steps or --rates plan this many times, one trial after another (trial 1: every step, then "
+        "trial 2: every step again, ...); steps.csv pools each step's trials and adds across-trial intervals, "
+        "trials.csv has each trial's own rows. Not with --find-capacity or --trace",
+    )
 
 
 @dataclass(frozen=True)
@@ -235,7 +242,8 @@ class SuiteShape(LoadTestShape):
 
 
 class StepsShape(SuiteShape):
-    """--steps: each user count in turn."""
+    """--steps: each user count in turn; with --repeat N the whole plan N times, one trial after another (a step's
+    trials a whole plan apart, so they sample the slow drift a step's own interval cannot see)."""
 
     abstract = True
 
@@ -246,18 +254,24 @@ class StepsShape(SuiteShape):
     def setup(self, opts, tracker: StepTracker) -> None:
         super().setup(opts, tracker)
         self.steps, self.rates = self.loads(opts)
+        self.trials = max(1, int(opts.repeat))
 
     def plan_tick(self, tracker: StepTracker, now: float) -> tuple[int, float] | None:
+        """Step `_index` of the run is the plan's step `_index % S` of trial `_index // S + 1`: the timeline's step
+        stays a unique running index (records are tagged with it), its entry carries plan_step and trial."""
+        count = len(self.steps)
         reason = self.length.end(tracker, now - self._step_began) if self._index >= 0 else None
         if self._index < 0 or reason is not None:
             self._index += 1
             self._step_began = now
-            if self._index >= len(self.steps):
+            if self._index >= count * self.trials:
                 tracker.end(reason or adaptive.FIXED)
                 return None
-            rate = self.rates[self._index] if self.rates else None
-            tracker.begin_step(self._index, self.steps[self._index], self.warmup, rate, end_reason=reason)
-        return _spawn(self.steps[self._index])
+            plan_step, trial = self._index % count, self._index // count + 1
+            rate = self.rates[plan_step] if self.rates else None
+            repeat = (plan_step, trial, self.trials) if self.trials > 1 else None
+            tracker.begin_step(self._index, self.steps[plan_step], self.warmup, rate, end_reason=reason, repeat=repeat)
+        return _spawn(self.steps[self._index % count])
 
 
 class RatesShape(StepsShape):

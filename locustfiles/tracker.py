@@ -239,9 +239,10 @@ class StepTracker:
         rate_rps: float | None = None,
         end_reason: str | None = None,
         probe: int | None = None,
+        repeat: tuple[int, int, int] | None = None,
     ) -> None:
         """Start a step; the previous one (still open) ends now, for `end_reason` (analysis/adaptive.END_REASONS);
-        `probe`: its order in a capacity search."""
+        `probe`: its order in a capacity search; `repeat`: (plan step, trial, trials) with --repeat N > 1."""
         now = time.time()
         if self.timeline and self.timeline[-1]["end_time"] is None:
             self.timeline[-1]["end_time"] = now
@@ -256,6 +257,8 @@ class StepTracker:
         )  # fmt: skip
         if probe is not None:
             self.timeline[-1]["probe"] = probe
+        if repeat is not None:  # only then: a run without --repeat keeps its run.json as it was
+            self.timeline[-1].update(plan_step=repeat[0], trial=repeat[1], trials=repeat[2])
         self.state = StepState(step, users, time.perf_counter() + warmup_s)
         runner = self.environment.runner
         options = self.environment.parsed_options

@@ -26,7 +26,7 @@ from tests.conftest import ROOT, FakeServer
 from tests.test_headless import short_run
 
 STEP_SECTIONS = (g.STEP, g.SERVER, g.GENERATOR, g.OPEN_LOOP, g.UNCERTAINTY, g.SERVER_BOUNDS, g.STEP_END, g.REASONING,
-                 g.EMBEDDINGS, g.RERANK, g.GPU, g.ENERGY, g.LORA)  # fmt: skip
+                 g.EMBEDDINGS, g.RERANK, g.GPU, g.ENERGY, g.LORA, g.TRIALS)  # fmt: skip
 
 
 def undeclared(written: list[str], sections: tuple[str, ...]) -> list[str]:

@@ -244,7 +244,7 @@ def test_the_fill_rate_is_the_drop_of_the_free_space_over_the_last_minute():
 def options(**kw) -> SimpleNamespace:
     base = dict(
         steps="1,2", rates="", step_duration="30s", max_step_duration="5m", find_capacity="", trace="",
-        max_tokens=256, max_tokens_dist="", endpoint="completions",
+        max_tokens=256, max_tokens_dist="", endpoint="completions", repeat=1,
     )  # fmt: skip
     base.update(kw)
     return SimpleNamespace(**base)
@@ -255,6 +255,7 @@ def test_the_planned_length_of_a_run():
     assert diskspace.planned_seconds(options(step_duration="auto")) == 600.0  # at most --max-step-duration each
     assert diskspace.planned_seconds(options(rates="1,2,4", steps="")) == 90.0
     assert diskspace.planned_seconds(options(find_capacity="users")) is None
+    assert diskspace.planned_seconds(options(repeat=3)) == 180.0  # --repeat 3: the whole plan three times
 
 
 def test_an_open_loop_is_warned_before_the_run_when_its_records_do_not_fit(tmp_path, monkeypatch):

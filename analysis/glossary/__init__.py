@@ -80,3 +80,4 @@ from .registry import (  # noqa: F401
     step_values,
     web_columns,
 )
+from .trials import TRIAL_COLUMNS, TRIAL_METRICS, TRIALS  # noqa: F401

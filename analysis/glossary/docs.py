@@ -26,6 +26,7 @@ from .energy import ENERGY
 from .metrics import markdown_table
 from .models import LORA, MODELS
 from .registry import WEB_UI, columns
+from .trials import TRIALS
 
 # --- docs/reference/metrics.md ---------------------------------------------------------------------------------
 
@@ -117,6 +118,18 @@ _DOCS_SECTIONS = [
      "nothing: the counter kept counting. A GPU without the field (or with DCGM's blank value) is left out and "
      "energy_gpus counts the others; a run without it leaves every column empty, never 0. The run's totals, and "
      "each GPU's joules per step, are summary.json's `energy`."),
+    (TRIALS, "steps.csv: across trials (--repeat)", "Runs with `--repeat N` (N > 1) only, last in steps.csv "
+     "(`analysis/trials.py`; a run without it writes none of these columns, so its steps.csv is as before). Such "
+     "a run runs the whole plan N times, one trial after another; "
+     "steps.csv keeps one row per plan step, its core columns (and their within-step intervals) computed over the "
+     "requests of all its trials pooled (tok/s: the tokens completed in any of its trials' windows / their total "
+     "length; batch means over those windows laid end to end; `stable` compares the first half of that time with "
+     "the second), the columns measured over a window of the server or the machine (server series, self-checks, "
+     "GPUs) averaged over the trials (a flag: set when any trial's is). trials.csv has each trial's own row: the "
+     "same step table over that trial's window alone, led by `trial` and `plan_step` (`step` there is the running "
+     "step the records carry). The across-trial interval is a t-interval over the N trials' own values: it "
+     "holds the drift between trials a whole plan apart, which a step's own interval cannot see "
+     "([compare-runs.md](../how-to/compare-runs.md#repeat-a-run))."),
     (TURNS, "turns.csv: per turn", "Conversation runs (`--turns`) only: one row per turn index, from "
      "requests.parquet (`analysis/turns.py`); on the console as \"Per turn\", after the step table. A turn's "
      "requests are the k-th request of every conversation, over every step, measured by the step table's rules "

@@ -43,6 +43,7 @@ from .columns import (
 )
 from .energy import ENERGY, ENERGY_COLUMNS
 from .models import LORA, LORA_COLUMNS, MODEL_COLUMNS
+from .trials import TRIAL_COLUMNS, TRIALS
 
 _REQUEST_COLUMNS = [
     Column("request_id", REQUESTS, "text", "Unique id of the request, given by the client.", live=True),
@@ -228,6 +229,7 @@ COLUMNS: dict[tuple[str, str], Column] = {
     + GPU_COLUMNS
     + _GPU_VERDICT_COLUMNS
     + ENERGY_COLUMNS
+    + TRIAL_COLUMNS
     + _REQUEST_COLUMNS
     + _LIVE_COLUMNS
     + _TURN_COLUMNS
@@ -252,6 +254,7 @@ STEP_TABLE: dict[str, Column] = {
         RERANK,
         GPU,
         ENERGY,
+        TRIALS,
         LIVE,
         LORA,
     )

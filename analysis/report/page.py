@@ -15,7 +15,19 @@ from .. import __version__ as SUITE_VERSION
 from ..batch import table_kind
 from ..diagnosis import utc
 from ..generator import flagged
-from ..glossary import ENERGY, GLOSSARY, GPU, LORA, REASONING, STEP_TABLE, Column, applies, columns, format_value
+from ..glossary import (
+    ENERGY,
+    GLOSSARY,
+    GPU,
+    LORA,
+    REASONING,
+    STEP_TABLE,
+    TRIALS,
+    Column,
+    applies,
+    columns,
+    format_value,
+)
 from ..run import STEPS_FILE
 from ..schedule import flagged as schedule_flagged
 from ..server_metrics import server_info
@@ -30,6 +42,7 @@ from .charts import MISMATCH_LI, batch_curve, batching_curve, latency_figure, re
 from .distributions import arrivals_html, cdf_figure, turns_html, workload_html
 from .energy import energy_html
 from .timeline import generator_figure, gpu_html, timeline_figure
+from .trials import trials_html
 from .verdicts import capacity_html, ceiling_html, generator_html, slo_html
 
 # The report's parts of the sections only some runs have, after the charts in this order: each shown when its section
@@ -39,6 +52,7 @@ OPTIONAL_PARTS: tuple[tuple[str, Callable[[Outcome], str]], ...] = (
     (GPU, gpu_html),
     (ENERGY, energy_html),
     (LORA, adapters_html),  # a model mix's (--lora-mix): "" for a run of one model
+    (TRIALS, trials_html),
 )
 
 
