@@ -32,6 +32,12 @@ CANONICAL: dict[str, str] = {
     "ttft_histogram": "vllm:time_to_first_token_seconds",
     "queue_histogram": "vllm:request_queue_time_seconds",
     "cache_config": "vllm:cache_config_info",  # labels describe the KV cache (block size, blocks)
+    # Speculative decoding (vllm/v1/spec_decode/metrics.py): drafts proposed, their tokens, the tokens accepted, and
+    # those accepted at each draft position (label position = 0 .. k-1); only served with --speculative-config.
+    "spec_drafts": "vllm:spec_decode_num_drafts_total",
+    "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "spec_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
+    "spec_accepted_per_position": "vllm:spec_decode_num_accepted_tokens_per_pos_total",
 }
 HISTOGRAMS = frozenset({"ttft_histogram", "queue_histogram"})
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
