@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import __version__ as SUITE_VERSION
-from . import capacity, roofline, servers
+from . import capacity, roofline, servers, spec_decode
 from .adaptive import step_lengths_text
 from .arrivals import Arrivals, arrivals_of_run
 from .batch import run_kind
@@ -81,6 +81,8 @@ class Outcome:
     # (analysis.roofline.step_verdicts, per GPU too): the report draws and tabulates them, the diagnosis quotes them.
     gpu_samples: pd.DataFrame | None = None
     gpu_verdicts: dict[int, roofline.StepVerdict] = field(default_factory=dict)
+    # Speculative decoding's run totals and per-position rates (analysis.spec_decode; summary.json's `spec_decode`).
+    spec_decode: dict | None = None
 
     @property
     def errors_over_limit(self) -> bool:
@@ -151,6 +153,7 @@ def _summary(outcome: Outcome) -> dict:
         "slo": outcome.slo,
         "capacity": outcome.capacity,
         "arrivals": None if outcome.arrivals is None else outcome.arrivals.to_dict(),
+        "spec_decode": outcome.spec_decode,
         "ceiling": outcome.ceiling,
         "workers": run.get("workers") or [],
         "server_version": run.get("server_version"),
@@ -200,6 +203,10 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
     gpu_lines = roofline.console_lines(table)  # only when a step saw a GPU
     if gpu_lines:
         echo("\n".join(gpu_lines))
+    spec = table.attrs.get(spec_decode.SPEC_SUMMARY)
+    spec_lines = spec_decode.console_lines(table, spec)  # only when the server exports the counters
+    if spec_lines:
+        echo("\n".join(spec_lines))
     turns = None
     if has_turns(full):  # a conversation run (--turns): the per-turn table after the step table
         turns = turn_table(full, timeline, servers.of_run(run).cached_tokens_zero_omitted)
@@ -256,6 +263,7 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
         turns=turns,
         gpu_samples=gpu_samples,
         gpu_verdicts=gpu_verdicts,
+        spec_decode=spec,
     )
     outcome.summary = _summary(outcome)
     return outcome

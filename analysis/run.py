@@ -19,6 +19,7 @@ from .records import merge_records, single_model
 from .roofline import roofline_table, samples
 from .schedule import OPEN_LOOP_COLUMNS
 from .server_metrics import SCRAPES_FILE, SERVER_BOUND_COLUMNS, load_metrics, merge_scrapes, step_server_table
+from .spec_decode import SPEC_COLUMNS, SPEC_SUMMARY, spec_table
 from .sse import CUT_OFF
 from .steps import UNCERTAINTY_COLUMNS, measured_column, step_table, timeline_from_records
 
@@ -74,7 +75,14 @@ def compute_table(
     # Reasoning and tool calls (issue 18) after why each step ended, then the batch kinds (issues 19, 33), then GPU
     # (issue 20; its columns in the glossary's order, whichever module fills them).
     tail = REASONING_COLUMNS + BATCH_COLUMNS + [c for c in GPU_COLUMNS if c in table.columns]
-    return table[[c for c in table.columns if c not in tail] + tail]
+    table = table[[c for c in table.columns if c not in tail] + tail]
+    # Speculative decoding (issue 35) after GPU: last. Its run totals ride along for summary.json (analysis/finish.py)
+    # rather than flattening every chunk list twice.
+    spec, totals = spec_table(metrics, timeline, records, single_model(records))
+    table = table.merge(spec, on="step", how="left")
+    table = table[[c for c in table.columns if c not in SPEC_COLUMNS] + SPEC_COLUMNS]
+    table.attrs[SPEC_SUMMARY] = totals
+    return table
 
 
 def merged(run_dir: Path, write: bool = True) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:

@@ -15,6 +15,7 @@ from ..thresholds import (
 )
 from .columns import EMBEDDINGS, GENERATOR, OPEN_LOOP, REASONING, RERANK, SERVER, STEP, TURNS, Column
 from .registry import STEP_TABLE, columns
+from .spec_decode import SPEC
 
 # --- the console's tables ------------------------------------------------------------------------------------
 
@@ -106,6 +107,12 @@ SECTIONS = {
         "interval)",
         ("step", "users", "requests", "errors"),
         ("documents_per_s", "prompt_tok_s", "e2e_p50_s", "e2e_p95_s", "e2e_p99_s"),
+    ),
+    SPEC: Section(
+        SPEC,
+        "Speculative decoding (the server's draft counters over each step's measured window: accepted / draft tokens, "
+        "1 + accepted / drafts; the client's tokens per token-carrying chunk)",
+        ("step", "users"),
     ),
     OPEN_LOOP: Section(
         OPEN_LOOP,

@@ -24,6 +24,7 @@ from .columns import (
 )
 from .metrics import markdown_table
 from .registry import WEB_UI, columns
+from .spec_decode import SPEC
 
 # --- docs/reference/metrics.md ---------------------------------------------------------------------------------
 
@@ -105,6 +106,17 @@ _DOCS_SECTIONS = [
      "(DCGM_FI_PROF_* on a consumer GPU; DCGM_FI_PROF_SM_ACTIVE is not in dcgm-exporter's default counters) and "
      "DCGM's blank values are missing, never 0. Then the roofline verdict on them (`analysis/roofline.py`, "
      "[gpu-telemetry.md](../how-to/gpu-telemetry.md#reading-the-gpu-verdict))."),
+    (SPEC, "steps.csv: speculative decoding", "Speculative decoding (issue 35, "
+     "[gpu-telemetry.md](../how-to/gpu-telemetry.md#speculative-decoding)), last in steps.csv "
+     "(`analysis/spec_decode.py`). The server's side: vLLM's counters vllm:spec_decode_num_drafts_total, "
+     "_num_draft_tokens_total and _num_accepted_tokens_total (served only with --speculative-config), their increase "
+     "over the step's window as every server counter's, a drop read as a restart; empty, never 0, when the server "
+     "exports none. The acceptance rate per draft position (vllm:spec_decode_num_accepted_tokens_per_pos_total / "
+     "drafts) has as many values as the server's speculative tokens, so it is in summary.json's `spec_decode` and "
+     "the report, not in steps.csv's fixed columns. The client's side: the output tokens each token-carrying chunk "
+     "brought, exact per chunk with continuous usage (vLLM's stream_options.continuous_usage_stats, sent to vLLM "
+     "and SGLang): a speculating server streams the tokens of an engine step in one chunk, so the tokens per chunk "
+     "follow the acceptance length the client sees."),
     (TURNS, "turns.csv: per turn", "Conversation runs (`--turns`) only: one row per turn index, from "
      "requests.parquet (`analysis/turns.py`); on the console as \"Per turn\", after the step table. A turn's "
      "requests are the k-th request of every conversation, over every step, measured by the step table's rules "

@@ -41,6 +41,7 @@ from .columns import (
     StepData,
     is_missing,
 )
+from .spec_decode import SPEC, SPEC_COLUMNS, SPEC_REQUEST_COLUMNS
 
 _REQUEST_COLUMNS = [
     Column("request_id", REQUESTS, "text", "Unique id of the request, given by the client.", live=True),
@@ -225,7 +226,9 @@ COLUMNS: dict[tuple[str, str], Column] = {
     + RERANK_COLUMNS
     + GPU_COLUMNS
     + _GPU_VERDICT_COLUMNS
+    + SPEC_COLUMNS
     + _REQUEST_COLUMNS
+    + SPEC_REQUEST_COLUMNS
     + _LIVE_COLUMNS
     + _TURN_COLUMNS
 }
@@ -246,6 +249,7 @@ STEP_TABLE: dict[str, Column] = {
         EMBEDDINGS,
         RERANK,
         GPU,
+        SPEC,
         LIVE,
     )
 }

@@ -15,7 +15,7 @@ from .. import __version__ as SUITE_VERSION
 from ..batch import table_kind
 from ..diagnosis import utc
 from ..generator import flagged
-from ..glossary import GLOSSARY, GPU, REASONING, STEP_TABLE, Column, applies, columns, format_value
+from ..glossary import GLOSSARY, GPU, REASONING, SPEC, STEP_TABLE, Column, applies, columns, format_value
 from ..run import STEPS_FILE
 from ..schedule import flagged as schedule_flagged
 from ..server_metrics import server_info
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ..finish import Outcome
 from .charts import MISMATCH_LI, batch_curve, batching_curve, latency_figure, reasoning_html
 from .distributions import arrivals_html, cdf_figure, turns_html, workload_html
+from .spec_decode import spec_html
 from .timeline import generator_figure, gpu_html, timeline_figure
 from .verdicts import capacity_html, ceiling_html, generator_html, slo_html
 
@@ -35,6 +36,7 @@ from .verdicts import capacity_html, ceiling_html, generator_html, slo_html
 OPTIONAL_PARTS: tuple[tuple[str, Callable[[Outcome], str]], ...] = (
     (REASONING, lambda outcome: reasoning_html(outcome.table)),
     (GPU, gpu_html),
+    (SPEC, spec_html),
 )
 
 
