@@ -65,6 +65,10 @@ class Config:
     embed_dim: int = 8  # the length of every embedding
     embeddings: bool = True  # serve /v1/embeddings; off: 404, as vLLM 0.32 serving a generation model answers
     rerank: bool = True  # serve /v1/rerank, /rerank and /v2/rerank; off: 404 (a model that does not score)
+    # Speculative decoding (--spec-decode K:A): every decode step proposes K draft tokens and accepts exactly A, so
+    # the acceptance rate is A / K and each chunk after the first carries A + 1 tokens (0: no speculation).
+    spec_tokens: int = 0
+    spec_accepted: int = 0
 
 
 class State:
@@ -89,6 +93,17 @@ class State:
         self.embed_connections = 0  # connections that carried embeddings requests (a client's keep-alive reuses one)
         self.rerank_ok = 0  # rerank requests answered (also in embed_ok: pooling requests)
         self.documents = 0  # their documents (also in inputs: one engine request per query-document pair)
+        self.spec_drafts = 0  # --spec-decode: vllm:spec_decode_num_drafts_total, one per chunk after the first
+        self.spec_per_position: list[int] = []  # accepted tokens per draft position (K entries)
+
+    def spec_step(self, k: int, accepted: int) -> None:
+        """One speculating decode step of one request: a draft of k tokens, the first `accepted` of them kept."""
+        with self.lock:
+            if len(self.spec_per_position) < k:
+                self.spec_per_position += [0] * (k - len(self.spec_per_position))
+            self.spec_drafts += 1
+            for p in range(accepted):
+                self.spec_per_position[p] += 1
 
     def next_request(self, faults: list[tuple[str, int]]) -> tuple[int, str | None]:
         with self.lock:

@@ -15,6 +15,10 @@ With --reasoning N (chat) the first N tokens of every answer stream as reasoning
 streams it (VllmChat in tests/fake_stream.py), and each /truth entry says when the first answer token was sent
 (first_answer_s).
 
+With --spec-decode K:A the server speculates: every decode step drafts K tokens and accepts exactly A, so each chunk
+after the first carries A + 1 tokens and /metrics serves vLLM's vllm:spec_decode_* counters (acceptance rate A / K,
+mean acceptance length 1 + A; a request's last, shorter chunk still counts one draft with A accepted).
+
 POST /v1/embeddings answers at once after --embed-ms (+ --embed-per-input-ms per input), one vector of --embed-dim
 values per input, as vLLM 0.32's EmbeddingResponse; its /truth entry has the inputs, their tokens and the send of
 the body (last_sent_wall). Faults wrong_count, ragged and no_usage break its body's contract.
@@ -170,6 +174,23 @@ class Handler(StreamEndpoint, PooledEndpoints, socketserver.StreamRequestHandler
                         "# TYPE vllm:prefix_cache_hits counter\n"
                         f'vllm:prefix_cache_hits_total{{engine="0",model_name="{m}"}} {state.cache.hits}\n'
                     )
+                if cfg.spec_tokens:  # vLLM's names and labels (vllm/v1/spec_decode/metrics.py)
+                    drafts, k, a = state.spec_drafts, cfg.spec_tokens, sum(state.spec_per_position)
+                    text += (
+                        "# TYPE vllm:spec_decode_num_drafts_total counter\n"
+                        f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="{m}"}} {drafts}\n'
+                        "# TYPE vllm:spec_decode_num_draft_tokens_total counter\n"
+                        f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="{m}"}} {drafts * k}\n'
+                        "# TYPE vllm:spec_decode_num_accepted_tokens_total counter\n"
+                        f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="{m}"}} {a}\n'
+                        "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n"
+                    )
+                    for p in range(k):
+                        n = state.spec_per_position[p] if p < len(state.spec_per_position) else 0
+                        text += (
+                            "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+                            f'{{engine="0",model_name="{m}",position="{p}"}} {n}\n'
+                        )
                 if cfg.hostile:
                     text += (
                         "# TYPE vllm:cache_config_info gauge\n"
@@ -293,7 +314,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--embed-dim", type=int, default=8, help="/v1/embeddings: the length of every vector")
     p.add_argument("--no-embeddings", action="store_true", help="no /v1/embeddings (404), as a generation model's")
     p.add_argument("--no-rerank", action="store_true", help="no /v1/rerank, /rerank, /v2/rerank (404)")
+    p.add_argument("--spec-decode", default="", metavar="K:A",
+                   help="speculative decoding: every decode step drafts K tokens and accepts exactly A (rate A/K), "
+                   "streamed as chunks of A + 1 tokens after the first; /metrics gains vllm:spec_decode_*")  # fmt: skip
     a = p.parse_args(argv)
+    spec_k, _, spec_a = a.spec_decode.partition(":")
     slow_at, _, slow_factor = a.slow_at_concurrency.partition(":")
     cfg = Config(
         a.ttft_ms / 1000,
@@ -322,6 +347,8 @@ def main(argv: list[str] | None = None) -> None:
         embed_dim=a.embed_dim,
         embeddings=not a.no_embeddings,
         rerank=not a.no_rerank,
+        spec_tokens=int(spec_k or 0),
+        spec_accepted=int(spec_a or 0),
     )
     sys.setswitchinterval(0.0002)  # hand the GIL over fast: a waking handler thread must not wait 5 ms
     server = Server((a.host, a.port), cfg)
