@@ -23,6 +23,7 @@ from vllm_loadtest.analysis.spec_decode import (
     spec_table,
     totals_line,
 )
+from vllm_loadtest.analysis.sse import parse_stream
 
 from tests.helpers.paths import FIXTURES
 
@@ -54,18 +55,34 @@ TIMELINE = [
 NO_RECORDS = pd.DataFrame(columns=SCHEMA.names)
 
 
-def test_vllm_text_format_keeps_the_counters_under_their_canonical_names():
-    samples = parse_samples((FIXTURES / "vllm-spec-decode-metrics.txt").read_text())
+def test_real_vllm_counters_keep_their_canonical_names():
+    # vLLM 0.32's CPU build with ngram speculation (3 tokens) after three greedy requests: the tiny random model repeats
+    # one token, so every draft token was accepted; some drafts were shorter than 3 (43 drafts, 120 draft tokens).
+    samples = parse_samples((FIXTURES / "vllm-0.32-cpu-spec-decode-metrics.txt").read_text())
     names = {name for name, _, _ in samples}
     assert {DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POSITION} <= names
     assert not any(name.endswith("_created") for name in names)
     metrics = frame([(9.0, []), (15.0, samples)])  # the counters appear after a scrape without them: all new
     table, summary = spec_table(metrics, TIMELINE[:1], NO_RECORDS)
     row = table.iloc[0]
-    assert (row["spec_drafts"], row["spec_draft_tokens"], row["spec_accepted_tokens"]) == (120, 360, 150)
-    assert row["spec_acceptance_rate"] == pytest.approx(150 / 360)
-    assert row["spec_acceptance_length_mean"] == pytest.approx(1 + 150 / 120)
-    assert summary["acceptance_rate_per_position"] == pytest.approx([80 / 120, 45 / 120, 25 / 120])
+    assert (row["spec_drafts"], row["spec_draft_tokens"], row["spec_accepted_tokens"]) == (43, 120, 120)
+    assert row["spec_acceptance_rate"] == 1.0
+    assert row["spec_acceptance_length_mean"] == pytest.approx(1 + 120 / 43)
+    assert summary["acceptance_rate_per_position"] == pytest.approx([43 / 43, 40 / 43, 37 / 43])
+
+
+def test_a_real_speculating_stream_gives_the_tokens_of_each_chunk():
+    # The same server's stream of 64 tokens with continuous usage: each chunk the accepted drafts and the bonus token.
+    lines = (FIXTURES / "vllm-0.32-cpu-spec-decode.sse").read_bytes().splitlines()
+    parsed = parse_stream((i * 0.01, line) for i, line in enumerate(lines) if line)
+    assert parsed.chunk_tokens == [1, 1, 2, 3, *[4] * 14, 1]
+    assert parsed.output_tokens == 64 and not parsed.output_tokens_estimated
+    ok = pd.DataFrame({"status": ["ok"], "chunk_tokens": [parsed.chunk_tokens], "chunks": [19],
+                       "output_tokens": [64], "output_tokens_estimated": [False]})  # fmt: skip
+    stats = chunk_stats(ok)
+    assert stats["tokens_per_chunk_mean"] == pytest.approx(64 / 19)
+    assert stats["multi_token_chunk_share"] == pytest.approx(16 / 19)
+    assert glossary.tokens_per_chunk(64, 19, False) == pytest.approx(64 / 19)
 
 
 def test_per_step_increase_rate_length_and_positions_are_exact():
