@@ -6,6 +6,7 @@ python -m embedded_vllm serve --reasoning-parser qwen3 --enable-auto-tool-choice
 python -m embedded_vllm serve --embed      # the tiny model as an embedding model: /v1/embeddings
 python -m embedded_vllm serve --vision     # a tiny vision-language model: chat with one image per request
 python -m embedded_vllm serve --rerank     # a tiny cross-encoder: /v1/rerank (also /rerank, /v2/rerank)
+python -m embedded_vllm serve --speculative ngram   # speculative decoding: /metrics gains vllm:spec_decode_*
 python -m embedded_vllm demo               # server + stepped load + table, results in reports/
 python -m embedded_vllm demo --capacity    # server + capacity search (--find-capacity users) against --slo
 python -m embedded_vllm wait URL           # wait until URL/health answers (used by docker-compose)
@@ -51,6 +52,13 @@ def _settings_args(p: argparse.ArgumentParser) -> None:
         help="vLLM's tool-call parser for --enable-auto-tool-choice (hermes with the tiny model)",
     )
     p.add_argument(
+        "--speculative",
+        choices=["ngram"],
+        default=d.speculative or None,
+        help="speculative decoding: ngram (prompt lookup, 3 draft tokens; /metrics gains vllm:spec_decode_*, "
+        "docs/how-to/gpu-telemetry.md#speculative-decoding)",
+    )
+    p.add_argument(
         "--embed",
         action="store_true",
         help="serve the tiny model as an embedding model (vLLM's pooling runner): /v1/embeddings only "
@@ -84,6 +92,7 @@ def _settings(a: argparse.Namespace) -> ServerSettings:
         embed=getattr(a, "embed", False),
         vision=getattr(a, "vision", False),
         rerank=getattr(a, "rerank", False),
+        speculative=a.speculative or "",
     )
 
 
@@ -93,6 +102,8 @@ def _tool_flags_problem(a: argparse.Namespace) -> str | None:
     chosen = [f for f in ("embed", "vision", "rerank") if getattr(a, f, False)]
     if len(chosen) > 1:
         return f"{' and '.join('--' + f for f in chosen)} serve different models; choose one"
+    if a.speculative and (getattr(a, "embed", False) or getattr(a, "rerank", False)):
+        return f"--speculative {a.speculative} speeds up text generation; --embed and --rerank generate none"
     if a.enable_auto_tool_choice and not a.tool_call_parser:
         return "--enable-auto-tool-choice needs --tool-call-parser NAME (e.g. hermes)"
     if a.tool_call_parser and not a.enable_auto_tool_choice:

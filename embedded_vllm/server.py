@@ -218,6 +218,9 @@ class ServerSettings:
     # vLLM's --enforce-eager: no torch.compile and no graph capture. On a 2-core machine the tiny model was ready
     # in 21 s instead of 44 s; the tests use it, the demo keeps the compiled engine that a GPU run would have.
     enforce_eager: bool = False
+    # Speculative decoding (issue 35): "ngram" (prompt lookup, no draft model: vLLM's CPU build runs it with the tiny
+    # model) or "" for none; /metrics then serves vllm:spec_decode_* and each step streams its accepted tokens at once.
+    speculative: str = ""
 
 
 SERVER_AUTOGROUP_NICE = 10  # once it answers
@@ -241,6 +244,12 @@ def lower_priority(pid: int, nice: int = SERVER_AUTOGROUP_NICE) -> int | None:
         return nice
     except OSError:  # no autogroup support (kernel option off): the scheduler treats processes alike anyway
         return None
+
+
+# vLLM's --speculative-config per `speculative` setting: 3 draft tokens looked up in the prompt and the output so far.
+SPECULATIVE_CONFIGS = {
+    "ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 2},
+}
 
 
 class EmbeddedVLLM:
@@ -273,6 +282,7 @@ class EmbeddedVLLM:
             *(["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser] if s.tool_call_parser else []),
             *(["--runner", "pooling", "--convert", "embed"] if s.embed else []),
             *(["--enforce-eager"] if s.enforce_eager else []),
+            *(["--speculative-config", json.dumps(SPECULATIVE_CONFIGS[s.speculative])] if s.speculative else []),
         ]  # fmt: skip
 
     def start(self) -> EmbeddedVLLM:
@@ -295,6 +305,10 @@ class EmbeddedVLLM:
             )
         if sum((s.embed, s.vision, s.rerank)) > 1:
             raise EmbeddedServerError("embed, vision and rerank are different models; choose one")
+        if s.speculative and (s.speculative not in SPECULATIVE_CONFIGS or s.embed or s.rerank):
+            raise EmbeddedServerError(
+                f"speculative {s.speculative!r}: one of {', '.join(SPECULATIVE_CONFIGS)}, for text generation only"
+            )
         self.python = ensure_installed(self.cache)
         ensure = ensure_vision_model if s.vision else ensure_reranker if s.rerank else ensure_model
         self.model_dir = ensure(self.python, self.cache)

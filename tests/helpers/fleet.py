@@ -30,6 +30,8 @@ SERVERS: dict[str, ServerSettings] = {
     "vision_vllm": ServerSettings(num_blocks=64, max_num_seqs=16, vision=True, enforce_eager=True),
     # The tiny cross-encoder (LlamaForSequenceClassification, one label): /v1/rerank.
     "rerank_vllm": ServerSettings(num_blocks=64, max_num_seqs=16, rerank=True, enforce_eager=True),
+    # ngram speculative decoding, 3 draft tokens (`--speculative-config`): vLLM's vllm:spec_decode_* counters.
+    "spec_vllm": ServerSettings(num_blocks=64, max_num_seqs=16, speculative="ngram", enforce_eager=True),
 }
 
 
