@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from . import glossary
-from .server_metrics import ServerSeries
+from .server_metrics import UP, ServerSeries
 from .servers import CANONICAL
 from .steps import measured_masks
 from .turns import ratio_interval
@@ -145,7 +145,12 @@ def spec_table(
 ) -> tuple[pd.DataFrame, dict]:
     """steps.csv's speculative-decoding section (one row per step) and summary.json's `spec_decode`: the run's
     totals over every step's window, the acceptance rate per draft position over the run and per step."""
-    server = ServerSeries(metrics, model) if metrics is not None and len(metrics) else None
+    server = None
+    if metrics is not None and len(metrics):
+        # Only the counters read here (and the scrapes' up samples), not every series a second time (step_server_table
+        # indexes them all).
+        read = metrics["metric"].isin((UP, DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POSITION))
+        server = ServerSeries(metrics[read], model)
     rows, per_step, totals = [], [], {name: [] for name, _ in _SERVER_COUNTS}
     per_position: list[list[float]] = []
     oks = []
