@@ -92,7 +92,7 @@ def _settings(a: argparse.Namespace) -> ServerSettings:
         embed=getattr(a, "embed", False),
         vision=getattr(a, "vision", False),
         rerank=getattr(a, "rerank", False),
-        speculative=a.speculative or "",
+        speculative=getattr(a, "speculative", None) or "",
     )
 
 
@@ -102,7 +102,7 @@ def _tool_flags_problem(a: argparse.Namespace) -> str | None:
     chosen = [f for f in ("embed", "vision", "rerank") if getattr(a, f, False)]
     if len(chosen) > 1:
         return f"{' and '.join('--' + f for f in chosen)} serve different models; choose one"
-    if a.speculative and (getattr(a, "embed", False) or getattr(a, "rerank", False)):
+    if getattr(a, "speculative", None) and (getattr(a, "embed", False) or getattr(a, "rerank", False)):
         return f"--speculative {a.speculative} speeds up text generation; --embed and --rerank generate none"
     if a.enable_auto_tool_choice and not a.tool_call_parser:
         return "--enable-auto-tool-choice needs --tool-call-parser NAME (e.g. hermes)"

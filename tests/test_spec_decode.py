@@ -192,3 +192,28 @@ def test_console_shows_the_table_and_the_totals_when_the_server_speculates():
     assert "50.0%" in lines[3] and "2.50" in lines[3]
     assert "acceptance rate 50.0% (15 of 30 draft tokens)" in lines[-1]
     assert "per position: 1.000, 0.500, 0.000" in lines[-1]
+
+
+def test_the_embedded_server_speculates_only_when_asked(capsys, monkeypatch):
+    import json as json_mod
+    from pathlib import Path
+
+    from vllm_loadtest.embedded_vllm import EmbeddedVLLM, ServerSettings
+    from vllm_loadtest.embedded_vllm import __main__ as cli
+
+    def command(settings: ServerSettings) -> list[str]:
+        server = EmbeddedVLLM(settings, cache=Path("/nonexistent"))
+        server.python, server.model_dir = Path("python"), Path("model")
+        return server.command()
+
+    plain = command(ServerSettings(port=1))
+    assert "--speculative-config" not in plain
+    ngram = command(ServerSettings(port=1, speculative="ngram"))
+    assert ngram[len(plain)] == "--speculative-config"
+    assert json_mod.loads(ngram[len(plain) + 1]) == {
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 2,
+    }  # fmt: skip
+    monkeypatch.setattr(cli, "EmbeddedVLLM", None)  # nothing may start
+    assert cli.main(["serve", "--speculative", "ngram", "--embed"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert "--speculative ngram" in err and len(err.splitlines()) == 1
