@@ -21,6 +21,7 @@ from vllm_loadtest.analysis.gpu import GPU_COLUMNS
 from vllm_loadtest.analysis.records import RecordWriter, RequestRecord
 from vllm_loadtest.analysis.server_metrics import GENERATION_TOKENS, SUCCESS, scrape_line
 from vllm_loadtest.analysis.slo import check_endpoint, parse_slo
+from vllm_loadtest.analysis.spec_decode import SPEC_COLUMNS
 from vllm_loadtest.analysis.steps import step_table
 
 from tests.helpers.badinput import first_error
@@ -123,7 +124,7 @@ def truth_inputs_per_s(users: int) -> float:
 def test_steps_csv_ends_with_the_embeddings_section_in_the_contracts_order(finished):
     outcome, _ = finished
     csv = pd.read_csv(outcome.run_dir / "steps.csv")
-    tail = BATCH_COLUMNS + GPU_COLUMNS  # issue 20's GPU section after it
+    tail = BATCH_COLUMNS + GPU_COLUMNS + SPEC_COLUMNS  # issue 20's GPU section after it, then issue 35's
     assert list(csv.columns[-len(tail) :]) == tail
     assert EMBEDDINGS_COLUMNS[:15] == [
         "inputs_per_s", "prompt_tok_s", "e2e_p50_s", "e2e_p95_s", "e2e_p99_s",

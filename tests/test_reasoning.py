@@ -24,6 +24,7 @@ from vllm_loadtest.analysis.reasoning import REASONING_COLUMNS, console_lines, r
 from vllm_loadtest.analysis.report import TTFT_TTFO, reasoning_html
 from vllm_loadtest.analysis.run import compute_table
 from vllm_loadtest.analysis.slo import judge_steps, parse_slo, verdict, verdict_lines
+from vllm_loadtest.analysis.spec_decode import SPEC_COLUMNS
 from vllm_loadtest.analysis.sse import StreamParser, parse_stream
 from vllm_loadtest.analysis.steps import format_table, step_table
 
@@ -265,7 +266,7 @@ def test_the_reasoning_columns_with_known_values():
     assert list(table.columns[-len(tail) :]) == tail
     # steps.csv: the reasoning section after every earlier one, why each step ended included.
     full = compute_table(pd.DataFrame(rows), TIMELINE, None, None)
-    tail += GPU_COLUMNS  # issue 20's GPU section, last in steps.csv
+    tail += GPU_COLUMNS + SPEC_COLUMNS  # issue 20's GPU section, then issue 35's speculative decoding, last
     assert list(full.columns[-len(tail) - 2 : -len(tail)]) == ["end_reason", "probe"]
 
 

@@ -16,6 +16,7 @@ from vllm_loadtest.analysis.batch import BATCH_COLUMNS
 from vllm_loadtest.analysis.gpu import GPU_COLUMNS
 from vllm_loadtest.analysis.reasoning import REASONING_COLUMNS
 from vllm_loadtest.analysis.report import TTFT_TTFO
+from vllm_loadtest.analysis.spec_decode import SPEC_COLUMNS
 from vllm_loadtest.analysis.steps import format_table
 
 from tests.helpers.runs import locust
@@ -43,7 +44,7 @@ def test_a_reasoning_run_shows_ttft_and_ttfo_side_by_side_with_the_reasoning_sha
     server = fake_server("--ttft-ms", "20", "--itl-ms", "5", "--reasoning", "8")
     proc, steps = run(server, tmp_path / "run")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    tail = REASONING_COLUMNS + BATCH_COLUMNS + GPU_COLUMNS  # issue 19's section after it, then issue 20's
+    tail = REASONING_COLUMNS + BATCH_COLUMNS + GPU_COLUMNS + SPEC_COLUMNS  # then issues 19's, 20's and 35's
     assert list(steps.columns[-len(tail) :]) == tail
     assert (steps["reasoning_share"] == 8 / TOKENS).all() and (steps["reasoning_tokens_mean"] == 8).all()
     assert (steps["no_answer_requests"] == 0).all()

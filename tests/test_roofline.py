@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from vllm_loadtest.analysis import roofline
-from vllm_loadtest.analysis.glossary import GPU, names
+from vllm_loadtest.analysis.glossary import GPU, SPEC, names
 from vllm_loadtest.analysis.roofline import (
     COMPUTE_BOUND,
     MEMORY_BOUND,
@@ -235,14 +235,15 @@ def test_steps_csv_ends_with_the_verdict_columns(monkeypatch):
 
     metrics = metrics_frame(T, values)
     table = compute_table(records(), TIMELINE, metrics, None)
-    assert list(table.columns[-len(VERDICT_COLUMNS) :]) == VERDICT_COLUMNS
-    assert list(table.columns[-len(names(GPU)) :]) == names(GPU)  # the GPU section, last
+    columns = list(table.columns[: -len(names(SPEC))])  # speculative decoding's section (issue 35) after GPU: last
+    assert columns[-len(VERDICT_COLUMNS) :] == VERDICT_COLUMNS
+    assert columns[-len(names(GPU)) :] == names(GPU)  # the GPU section, before it
     row = table.iloc[0]
     assert row["gpu_regime"] == MEMORY_BOUND
     assert row["gpu_dram_active_ci_low"] < 0.821 < row["gpu_dram_active_ci_high"]
     # A run without GPU metrics: the columns are there, empty.
     plain = compute_table(records(), TIMELINE, None, None)
-    assert list(plain.columns[-len(VERDICT_COLUMNS) :]) == VERDICT_COLUMNS
+    assert list(plain.columns[: -len(names(SPEC))][-len(VERDICT_COLUMNS) :]) == VERDICT_COLUMNS
     assert plain[VERDICT_COLUMNS].isna().all().all()
 
 

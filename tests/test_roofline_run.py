@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from vllm_loadtest.analysis.finish import finish_run
 from vllm_loadtest.analysis.roofline import MEMORY_BOUND, VERDICT_COLUMNS
+from vllm_loadtest.analysis.spec_decode import SPEC_COLUMNS
 
 from tests.helpers.gpu import URL, labels, use_gpu_series
 from tests.helpers.runs import short_run
@@ -49,7 +50,8 @@ def test_a_run_with_gpu_scrapes_reads_its_roofline_regime(fake_server, tmp_path,
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "GPU (dcgm-exporter" not in proc.stdout  # no GPU endpoint: no GPU table
     plain = pd.read_csv(run_dir / "steps.csv")
-    assert list(plain.columns[-len(VERDICT_COLUMNS) :]) == VERDICT_COLUMNS and plain[VERDICT_COLUMNS].isna().all().all()
+    before_spec = list(plain.columns[: -len(SPEC_COLUMNS)])  # speculative decoding's section (issue 35): last
+    assert before_spec[-len(VERDICT_COLUMNS) :] == VERDICT_COLUMNS and plain[VERDICT_COLUMNS].isna().all().all()
 
     add_gpu_scrapes(run_dir)
     outcome = finish_run(run_dir)
