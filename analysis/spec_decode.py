@@ -224,5 +224,13 @@ def console_lines(table: pd.DataFrame, summary: dict | None) -> list[str]:
     speculative-decoding counters."""
     if not len(table) or not glossary.applies(table, glossary.SPEC):
         return []
+    section = glossary.SECTIONS[glossary.SPEC]
+    names = [c.name for c, _ in section.shown()]
+    rows = glossary.console_rows(table, glossary.SPEC)
+    for cells, r in zip(rows[1:], table.to_dict(orient="records")):
+        for name, fmt in (("spec_acceptance_rate", "pct1"), ("tokens_per_chunk_mean", "num2")):
+            low, high = r.get(f"{name}_ci_low"), r.get(f"{name}_ci_high")
+            if name in names and low is not None and high is not None and not (pd.isna(low) or pd.isna(high)):
+                cells[names.index(name)] += " ±" + glossary.format_value((high - low) / 2, fmt)  # as the batching curve
     line = totals_line(summary)
-    return ["", *glossary.console_table(table, glossary.SPEC), *([line] if line else [])]
+    return ["", section.title, *glossary.aligned(rows), *([line] if line else [])]

@@ -184,13 +184,13 @@ def test_the_request_column_formula():
 
 
 def test_console_shows_the_table_and_the_totals_when_the_server_speculates():
-    metrics = frame([(10.0, spec(100, [50, 20, 5])), (20.0, spec(110, [60, 25, 5]))])
+    metrics = frame([(10.0, spec(100, [50, 20, 5])), (15.0, spec(110, [60, 25, 5])), (20.0, spec(120, [70, 30, 5]))])
     table, summary = spec_table(metrics, TIMELINE[:1], NO_RECORDS)
     table.insert(1, "users", [1])
     lines = console_lines(table, summary)
     assert lines[1].startswith("Speculative decoding")
-    assert "50.0%" in lines[3] and "2.50" in lines[3]
-    assert "acceptance rate 50.0% (15 of 30 draft tokens)" in lines[-1]
+    assert "50.0% ±0.0%" in lines[3] and "2.50" in lines[3]  # every scrape interval at 0.5: no spread
+    assert "acceptance rate 50.0% (30 of 60 draft tokens)" in lines[-1]
     assert "per position: 1.000, 0.500, 0.000" in lines[-1]
 
 

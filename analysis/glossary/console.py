@@ -111,7 +111,7 @@ SECTIONS = {
     SPEC: Section(
         SPEC,
         "Speculative decoding (the server's draft counters over each step's measured window: accepted / draft tokens, "
-        "1 + accepted / drafts; the client's tokens per token-carrying chunk)",
+        "1 + accepted / drafts; the client's tokens per token-carrying chunk; ± the half-width of the 95 % interval)",
         ("step", "users"),
     ),
     OPEN_LOOP: Section(
