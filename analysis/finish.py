@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import __version__ as SUITE_VERSION
-from . import capacity, energy, roofline, servers
+from . import capacity, energy, roofline, servers, spec_decode
 from .adaptive import step_lengths_text
 from .arrivals import Arrivals, arrivals_of_run
 from .batch import run_kind
@@ -86,6 +86,8 @@ class Outcome:
     # (analysis.roofline.step_verdicts, per GPU too): the report draws and tabulates them, the diagnosis quotes them.
     gpu_samples: pd.DataFrame | None = None
     gpu_verdicts: dict[int, roofline.StepVerdict] = field(default_factory=dict)
+    # Speculative decoding's run totals and per-position rates (analysis.spec_decode; summary.json's `spec_decode`).
+    spec_decode: dict | None = None
 
     @property
     def errors_over_limit(self) -> bool:
@@ -160,6 +162,7 @@ def _summary(outcome: Outcome) -> dict:
         "slo": outcome.slo,
         "capacity": outcome.capacity,
         "arrivals": None if outcome.arrivals is None else outcome.arrivals.to_dict(),
+        "spec_decode": outcome.spec_decode,
         "ceiling": outcome.ceiling,
         # The GPUs' energy (issue 35): the run's totals and each GPU's joules per step; null without the counter.
         "energy": energy.energy_summary(outcome.table, records, outcome.metrics, run.get("timeline") or []),
@@ -216,6 +219,10 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
     energy_lines = energy.console_lines(table)  # only when a GPU exports its energy counter
     if energy_lines:
         echo("\n".join(energy_lines))
+    spec = table.attrs.get(spec_decode.SPEC_SUMMARY)
+    spec_lines = spec_decode.console_lines(table, spec)  # only when the server exports the counters
+    if spec_lines:
+        echo("\n".join(spec_lines))
     turns = None
     if has_turns(full):  # a conversation run (--turns): the per-turn table after the step table
         turns = turn_table(full, timeline, servers.of_run(run).cached_tokens_zero_omitted)
@@ -283,6 +290,7 @@ def _compute(run_dir: Path, write: bool, echo: Callable[[str], None], now: float
         trials=per_trial,
         gpu_samples=gpu_samples,
         gpu_verdicts=gpu_verdicts,
+        spec_decode=spec,
     )
     outcome.summary = _summary(outcome)
     return outcome

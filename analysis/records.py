@@ -126,6 +126,8 @@ class RequestRecord:
     # Whether the step table counts it (analysis/steps.py measured_column): decided at the merge, from the run's
     # timeline, so None in records/*.jsonl and True/False in requests.parquet.
     measured: bool | None = None
+    # Speculative decoding (issue 35): output_tokens / chunks, set at the stream's end; None without usage or chunks.
+    tokens_per_chunk: float | None = None
 
 
 SCHEMA = pa.schema(
@@ -171,6 +173,7 @@ SCHEMA = pa.schema(
         ("documents", pa.int32()),
         ("images", pa.int32()),
         ("measured", pa.bool_()),
+        ("tokens_per_chunk", pa.float64()),
     ]
 )
 assert [f.name for f in fields(RequestRecord)] == SCHEMA.names, "RequestRecord and SCHEMA must list the same columns"

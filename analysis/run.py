@@ -22,6 +22,7 @@ from .records import merge_records, single_model
 from .roofline import roofline_table, samples
 from .schedule import OPEN_LOOP_COLUMNS
 from .server_metrics import SCRAPES_FILE, SERVER_BOUND_COLUMNS, load_metrics, merge_scrapes, step_server_table
+from .spec_decode import SPEC_COLUMNS, SPEC_SUMMARY, spec_table
 from .sse import CUT_OFF
 from .steps import UNCERTAINTY_COLUMNS, measured_column, step_table, timeline_from_records
 
@@ -107,9 +108,16 @@ def _table(
     # (issue 20; its columns in the glossary's order, whichever module fills them).
     tail = REASONING_COLUMNS + BATCH_COLUMNS + [c for c in GPU_COLUMNS if c in table.columns]
     table = table[[c for c in table.columns if c not in tail] + tail]
-    # The GPUs' energy per step, per output token and per request (issue 35), after the GPU section, then LoRA.
+    # The GPUs' energy per step, per output token and per request (issue 35), after the GPU section, then LoRA, then
+    # speculative decoding. Its run totals ride along for summary.json (analysis/finish.py) rather than flattening
+    # every chunk list twice.
     table = table.merge(step_energy_table(metrics, timeline, table, records), on="step", how="left")
-    return table[[c for c in table.columns if c not in LORA_COLUMNS] + LORA_COLUMNS]
+    spec, totals = spec_table(metrics, timeline, records, single_model(records))
+    table = table.merge(spec, on="step", how="left")
+    late = LORA_COLUMNS + SPEC_COLUMNS
+    table = table[[c for c in table.columns if c not in late] + late]
+    table.attrs[SPEC_SUMMARY] = totals
+    return table
 
 
 def merged(run_dir: Path, write: bool = True) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:

@@ -31,10 +31,14 @@ def has_turns(records: pd.DataFrame) -> bool:
 
 
 def ratio_interval(
-    numerators: np.ndarray | pd.Series, denominators: np.ndarray | pd.Series, confidence: float = CONFIDENCE
+    numerators: np.ndarray | pd.Series,
+    denominators: np.ndarray | pd.Series,
+    confidence: float = CONFIDENCE,
+    clip: bool = True,
 ) -> Interval:
     """R = sum(c) / sum(p), ± t(n-1, (1+c)/2) * sqrt(sum((c - R p)^2) / (n-1)) / (sqrt(n) * mean(p)) (the ratio
-    estimator's interval over n independent pairs), clipped to [0, 1]; NaN bounds below 2 pairs."""
+    estimator's interval over n independent pairs), clipped to [0, 1] (a share; `clip` False: a ratio that may
+    exceed 1, e.g. tokens per chunk); NaN bounds below 2 pairs."""
     c = np.asarray(numerators, dtype=float)
     p = np.asarray(denominators, dtype=float)
     keep = ~(np.isnan(c) | np.isnan(p))
@@ -47,6 +51,8 @@ def ratio_interval(
         return Interval(r, n=n, note="too few samples")
     spread = math.sqrt(float(((c - r * p) ** 2).sum()) / (n - 1))
     half = float(stats.t.ppf((1 + confidence) / 2, n - 1)) * spread / (math.sqrt(n) * float(p.mean()))
+    if not clip:
+        return Interval(r, r - half, r + half, n)
     return Interval(r, max(0.0, r - half), min(1.0, r + half), n)
 
 

@@ -7,6 +7,7 @@ python -m embedded_vllm serve --embed      # the tiny model as an embedding mode
 python -m embedded_vllm serve --vision     # a tiny vision-language model: chat with one image per request
 python -m embedded_vllm serve --rerank     # a tiny cross-encoder: /v1/rerank (also /rerank, /v2/rerank)
 python -m embedded_vllm serve --lora       # the tiny model and two LoRA adapters: tiny-lora-a, tiny-lora-b
+python -m embedded_vllm serve --speculative ngram   # speculative decoding: /metrics gains vllm:spec_decode_*
 python -m embedded_vllm demo               # server + stepped load + table, results in reports/
 python -m embedded_vllm demo --capacity    # server + capacity search (--find-capacity users) against --slo
 python -m embedded_vllm wait URL           # wait until URL/health answers (used by docker-compose)
@@ -52,6 +53,13 @@ def _settings_args(p: argparse.ArgumentParser) -> None:
         help="vLLM's tool-call parser for --enable-auto-tool-choice (hermes with the tiny model)",
     )
     p.add_argument(
+        "--speculative",
+        choices=["ngram"],
+        default=d.speculative or None,
+        help="speculative decoding: ngram (prompt lookup, 3 draft tokens; /metrics gains vllm:spec_decode_*, "
+        "docs/how-to/gpu-telemetry.md#speculative-decoding)",
+    )
+    p.add_argument(
         "--embed",
         action="store_true",
         help="serve the tiny model as an embedding model (vLLM's pooling runner): /v1/embeddings only "
@@ -92,6 +100,7 @@ def _settings(a: argparse.Namespace) -> ServerSettings:
         vision=getattr(a, "vision", False),
         rerank=getattr(a, "rerank", False),
         lora=getattr(a, "lora", False),
+        speculative=getattr(a, "speculative", None) or "",
     )
 
 
@@ -103,6 +112,8 @@ def _tool_flags_problem(a: argparse.Namespace) -> str | None:
         return f"{' and '.join('--' + f for f in chosen)} serve different models; choose one"
     if chosen and getattr(a, "lora", False):
         return f"--lora adapts the text model; it does not go with --{chosen[0]}"
+    if getattr(a, "speculative", None) and (getattr(a, "embed", False) or getattr(a, "rerank", False)):
+        return f"--speculative {a.speculative} speeds up text generation; --embed and --rerank generate none"
     if a.enable_auto_tool_choice and not a.tool_call_parser:
         return "--enable-auto-tool-choice needs --tool-call-parser NAME (e.g. hermes)"
     if a.tool_call_parser and not a.enable_auto_tool_choice:

@@ -244,6 +244,9 @@ class ServerSettings:
     # The text model with two tiny LoRA adapters (tiny_lora.py: tiny-lora-a and tiny-lora-b, rank 8 on q_proj and
     # v_proj), served beside the base model as models of their own (vLLM's --enable-lora --lora-modules).
     lora: bool = False
+    # Speculative decoding (issue 35): "ngram" (prompt lookup, no draft model: vLLM's CPU build runs it with the tiny
+    # model) or "" for none; /metrics then serves vllm:spec_decode_* and each step streams its accepted tokens at once.
+    speculative: str = ""
 
 
 SERVER_AUTOGROUP_NICE = 10  # once it answers
@@ -267,6 +270,12 @@ def lower_priority(pid: int, nice: int = SERVER_AUTOGROUP_NICE) -> int | None:
         return nice
     except OSError:  # no autogroup support (kernel option off): the scheduler treats processes alike anyway
         return None
+
+
+# vLLM's --speculative-config per `speculative` setting: 3 draft tokens looked up in the prompt and the output so far.
+SPECULATIVE_CONFIGS = {
+    "ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 2},
+}
 
 
 class EmbeddedVLLM:
@@ -300,6 +309,7 @@ class EmbeddedVLLM:
             *(["--runner", "pooling", "--convert", "embed"] if s.embed else []),
             *(["--enforce-eager"] if s.enforce_eager else []),
             *(self.lora_flags() if s.lora else []),
+            *(["--speculative-config", json.dumps(SPECULATIVE_CONFIGS[s.speculative])] if s.speculative else []),
         ]  # fmt: skip
 
     def lora_flags(self) -> list[str]:
@@ -334,6 +344,10 @@ class EmbeddedVLLM:
             raise EmbeddedServerError("embed, vision and rerank are different models; choose one")
         if s.lora and (s.embed or s.vision or s.rerank):
             raise EmbeddedServerError("lora adapts the text model; it does not go with embed, vision or rerank")
+        if s.speculative and (s.speculative not in SPECULATIVE_CONFIGS or s.embed or s.rerank):
+            raise EmbeddedServerError(
+                f"speculative {s.speculative!r}: one of {', '.join(SPECULATIVE_CONFIGS)}, for text generation only"
+            )
         self.python = ensure_installed(self.cache)
         ensure = ensure_vision_model if s.vision else ensure_reranker if s.rerank else ensure_model
         self.model_dir = ensure(self.python, self.cache)

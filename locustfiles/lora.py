@@ -189,7 +189,6 @@ class Mixes:
         self.last = mix.info(text)
         return mix
 
-
     def for_user(self, user, opts) -> tuple[Mix, random.Random] | None:
         """A user's mix and its own generator of draws, or None without --lora-mix; a mix that cannot be resolved
         stops the run as bad input (exit code 3, as the model's lookup). After the user's seed is set."""

@@ -68,6 +68,10 @@ class Config:
     # LoRA adapters served under the base model: name -> its own ITL (None: --itl-ms). With any, /v1/models lists them
     # (parent = the base model), an unknown model is a 404 and /metrics has vllm:lora_requests_info (issue 35).
     loras: dict[str, float | None] = field(default_factory=dict)
+    # Speculative decoding (--spec-decode K:A): every decode step proposes K draft tokens and accepts exactly A, so
+    # the acceptance rate is A / K and each chunk after the first carries A + 1 tokens (0: no speculation).
+    spec_tokens: int = 0
+    spec_accepted: int = 0
 
 
 class State:
@@ -97,6 +101,17 @@ class State:
         # vllm:lora_requests_info's label sets: (running, waiting) -> the Unix time it was last the state (as vLLM's
         # gauge: set_to_current_time on the current set, the old sets kept with their last time)
         self.lora_info: dict[tuple[str, str], float] = {}
+        self.spec_drafts = 0  # --spec-decode: vllm:spec_decode_num_drafts_total, one per chunk after the first
+        self.spec_per_position: list[int] = []  # accepted tokens per draft position (K entries)
+
+    def spec_step(self, k: int, accepted: int) -> None:
+        """One speculating decode step of one request: a draft of k tokens, the first `accepted` of them kept."""
+        with self.lock:
+            if len(self.spec_per_position) < k:
+                self.spec_per_position += [0] * (k - len(self.spec_per_position))
+            self.spec_drafts += 1
+            for p in range(accepted):
+                self.spec_per_position[p] += 1
 
     def next_request(self, faults: list[tuple[str, int]]) -> tuple[int, str | None]:
         with self.lock:

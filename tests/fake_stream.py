@@ -267,6 +267,8 @@ class StreamEndpoint:
         sizes, sent = [], 0
         while sent < n_tokens:
             k = 2 if (cfg.multi_every and len(sizes) > 0 and len(sizes) % cfg.multi_every == 0) else 1
+            if cfg.spec_tokens and sizes:  # a speculating decode step: its accepted drafts and its own token
+                k = cfg.spec_accepted + 1
             k = min(k, n_tokens - sent)
             sizes.append(k)
             sent += k
@@ -303,6 +305,8 @@ class StreamEndpoint:
                 if fault_after is not None and i == fault_after:
                     return self.inject(fault, event)
                 done += k
+                if cfg.spec_tokens and i > 0:  # counted as the engine steps, before the chunk goes out
+                    state.spec_step(cfg.spec_tokens, cfg.spec_accepted)
                 queued = cfg.queue_s if fault == "queue" else 0.0
                 if i > 0 and cfg.slow_at and state.running == cfg.slow_at:
                     slowed += (cfg.slow_factor - 1) * k * itl_s

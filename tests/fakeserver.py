@@ -15,6 +15,10 @@ With --reasoning N (chat) the first N tokens of every answer stream as reasoning
 streams it (VllmChat in tests/fake_stream.py), and each /truth entry says when the first answer token was sent
 (first_answer_s).
 
+With --spec-decode K:A the server speculates: every decode step drafts K tokens and accepts exactly A, so each chunk
+after the first carries A + 1 tokens and /metrics serves vLLM's vllm:spec_decode_* counters (acceptance rate A / K,
+mean acceptance length 1 + A; a request's last, shorter chunk still counts one draft with A accepted).
+
 POST /v1/embeddings answers at once after --embed-ms (+ --embed-per-input-ms per input), one vector of --embed-dim
 values per input, as vLLM 0.32's EmbeddingResponse; its /truth entry has the inputs, their tokens and the send of
 the body (last_sent_wall). Faults wrong_count, ragged and no_usage break its body's contract.
@@ -179,6 +183,23 @@ class Handler(StreamEndpoint, PooledEndpoints, socketserver.StreamRequestHandler
                     )
                 if cfg.loras:
                     text += lora_info_text(state, len(cfg.loras))
+                if cfg.spec_tokens:  # vLLM's names and labels (vllm/v1/spec_decode/metrics.py)
+                    drafts, k, a = state.spec_drafts, cfg.spec_tokens, sum(state.spec_per_position)
+                    text += (
+                        "# TYPE vllm:spec_decode_num_drafts_total counter\n"
+                        f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="{m}"}} {drafts}\n'
+                        "# TYPE vllm:spec_decode_num_draft_tokens_total counter\n"
+                        f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="{m}"}} {drafts * k}\n'
+                        "# TYPE vllm:spec_decode_num_accepted_tokens_total counter\n"
+                        f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="{m}"}} {a}\n'
+                        "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n"
+                    )
+                    for p in range(k):
+                        n = state.spec_per_position[p] if p < len(state.spec_per_position) else 0
+                        text += (
+                            "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+                            f'{{engine="0",model_name="{m}",position="{p}"}} {n}\n'
+                        )
                 if cfg.hostile:
                     text += (
                         "# TYPE vllm:cache_config_info gauge\n"
@@ -330,7 +351,11 @@ def main(argv: list[str] | None = None) -> None:
                    help="LoRA adapters served under --model: listed by /v1/models with parent = --model, accepted as "
                    "a request's model (any other model: 404), each with its own ITL when given; /metrics gains "
                    "vllm:lora_requests_info")  # fmt: skip
+    p.add_argument("--spec-decode", default="", metavar="K:A",
+                   help="speculative decoding: every decode step drafts K tokens and accepts exactly A (rate A/K), "
+                   "streamed as chunks of A + 1 tokens after the first; /metrics gains vllm:spec_decode_*")  # fmt: skip
     a = p.parse_args(argv)
+    spec_k, _, spec_a = a.spec_decode.partition(":")
     slow_at, _, slow_factor = a.slow_at_concurrency.partition(":")
     cfg = Config(
         a.ttft_ms / 1000,
@@ -360,6 +385,8 @@ def main(argv: list[str] | None = None) -> None:
         embeddings=not a.no_embeddings,
         rerank=not a.no_rerank,
         loras=parse_loras(a.lora),
+        spec_tokens=int(spec_k or 0),
+        spec_accepted=int(spec_a or 0),
     )
     sys.setswitchinterval(0.0002)  # hand the GIL over fast: a waking handler thread must not wait 5 ms
     server = Server((a.host, a.port), cfg)

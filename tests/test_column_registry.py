@@ -26,7 +26,7 @@ from tests.conftest import ROOT, FakeServer
 from tests.test_headless import short_run
 
 STEP_SECTIONS = (g.STEP, g.SERVER, g.GENERATOR, g.OPEN_LOOP, g.UNCERTAINTY, g.SERVER_BOUNDS, g.STEP_END, g.REASONING,
-                 g.EMBEDDINGS, g.RERANK, g.GPU, g.ENERGY, g.LORA, g.TRIALS)  # fmt: skip
+                 g.EMBEDDINGS, g.RERANK, g.GPU, g.ENERGY, g.LORA, g.SPEC, g.TRIALS)  # fmt: skip
 
 
 def undeclared(written: list[str], sections: tuple[str, ...]) -> list[str]:
@@ -78,6 +78,7 @@ def test_the_derived_lists_are_the_columns_written_in_order(real_run):
         + g.names(g.GPU)
         + g.names(g.ENERGY)
         + g.names(g.LORA)
+        + g.names(g.SPEC)
     )
     for section, derived in ((g.STEP, STEP_COLUMNS), (g.SERVER, SERVER_COLUMNS), (g.GENERATOR, GENERATOR_COLUMNS),
                              (g.OPEN_LOOP, OPEN_LOOP_COLUMNS), (g.UNCERTAINTY, UNCERTAINTY_COLUMNS),

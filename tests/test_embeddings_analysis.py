@@ -23,6 +23,7 @@ from vllm_loadtest.analysis.lora import LORA_COLUMNS
 from vllm_loadtest.analysis.records import RecordWriter, RequestRecord
 from vllm_loadtest.analysis.server_metrics import GENERATION_TOKENS, SUCCESS, scrape_line
 from vllm_loadtest.analysis.slo import check_endpoint, parse_slo
+from vllm_loadtest.analysis.spec_decode import SPEC_COLUMNS
 from vllm_loadtest.analysis.steps import step_table
 
 from tests.helpers.badinput import first_error
@@ -125,7 +126,7 @@ def truth_inputs_per_s(users: int) -> float:
 def test_steps_csv_ends_with_the_embeddings_section_in_the_contracts_order(finished):
     outcome, _ = finished
     csv = pd.read_csv(outcome.run_dir / "steps.csv")
-    tail = BATCH_COLUMNS + GPU_COLUMNS + ENERGY_COLUMNS + LORA_COLUMNS  # then GPU (20), energy and LoRA (35)
+    tail = BATCH_COLUMNS + GPU_COLUMNS + ENERGY_COLUMNS + LORA_COLUMNS + SPEC_COLUMNS  # GPU (20); 35's
     assert list(csv.columns[-len(tail) :]) == tail
     assert EMBEDDINGS_COLUMNS[:15] == [
         "inputs_per_s", "prompt_tok_s", "e2e_p50_s", "e2e_p95_s", "e2e_p99_s",

@@ -28,6 +28,7 @@ from vllm_loadtest.analysis.reasoning import REASONING_COLUMNS
 from vllm_loadtest.analysis.records import RECEIVED_DIR
 from vllm_loadtest.analysis.run import compute_table
 from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS
+from vllm_loadtest.analysis.spec_decode import SPEC_COLUMNS
 from vllm_loadtest.analysis.steps import UNCERTAINTY_COLUMNS, format_table
 
 from tests.helpers.records import TIMELINE, frame, rec
@@ -105,7 +106,7 @@ def test_without_samples_every_step_is_missing_and_nothing_is_flagged():
     # The self-check columns, then the later sections (open loop, intervals, step end; no server bounds without
     # metrics): steps.csv only gains columns at its end.
     tail = GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS + STEP_END_COLUMNS + REASONING_COLUMNS
-    tail += BATCH_COLUMNS + GPU_COLUMNS + ENERGY_COLUMNS + LORA_COLUMNS
+    tail += BATCH_COLUMNS + GPU_COLUMNS + ENERGY_COLUMNS + LORA_COLUMNS + SPEC_COLUMNS
     assert list(table.columns[-len(tail) :]) == tail
     assert table["generator_lag_p99_s"].isna().all() and table["generator_bound"].isna().all()
     assert LOAD_GENERATOR not in diagnose(table).binding.values() and "generator" not in format_table(table).lower()

@@ -23,6 +23,7 @@ from vllm_loadtest.analysis.records import RECEIVED_DIR
 from vllm_loadtest.analysis.report import REPORT_FILE, SUMMARY_FILE
 from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS
 from vllm_loadtest.analysis.server_metrics import SERVER_BOUND_COLUMNS
+from vllm_loadtest.analysis.spec_decode import SPEC_COLUMNS
 from vllm_loadtest.analysis.steps import UNCERTAINTY_COLUMNS
 
 from tests.helpers.runs import cluster, locust
@@ -44,7 +45,7 @@ def test_a_single_overloaded_process_is_flagged_generator_bound(fake_server, tmp
     # The self-check columns, then the later sections (open loop, intervals, server bounds, step end): only added at
     # the end.
     tail = GENERATOR_COLUMNS + OPEN_LOOP_COLUMNS + UNCERTAINTY_COLUMNS + SERVER_BOUND_COLUMNS + STEP_END_COLUMNS
-    tail += REASONING_COLUMNS + BATCH_COLUMNS + GPU_COLUMNS + ENERGY_COLUMNS + LORA_COLUMNS
+    tail += REASONING_COLUMNS + BATCH_COLUMNS + GPU_COLUMNS + ENERGY_COLUMNS + LORA_COLUMNS + SPEC_COLUMNS
     assert list(steps.columns[-len(tail) :]) == tail
     row = steps.iloc[0]
     assert row.generator_processes == 1 and row.users_achieved_mean > 0

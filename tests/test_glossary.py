@@ -61,7 +61,7 @@ def test_a_section_applies_when_a_column_declared_to_show_it_has_a_value():
     import pandas as pd
 
     marked = sorted({c.section for c in g.COLUMNS.values() if c.shows is not None})
-    assert marked == sorted([g.SERVER, g.GENERATOR, g.REASONING, g.GPU, g.ENERGY, g.LORA, g.TRIALS])
+    assert marked == sorted([g.SERVER, g.GENERATOR, g.REASONING, g.GPU, g.ENERGY, g.LORA, g.SPEC, g.TRIALS])
     for section in marked:
         empty = pd.DataFrame({c.name: [math.nan, math.nan] for c in g.columns(section)})
         assert not g.applies(empty, section), section

@@ -19,6 +19,7 @@ from vllm_loadtest.analysis.reasoning import REASONING_COLUMNS
 from vllm_loadtest.analysis.run import STEPS_FILE
 from vllm_loadtest.analysis.schedule import OPEN_LOOP_COLUMNS
 from vllm_loadtest.analysis.server_metrics import SERVER_BOUND_COLUMNS, SERVER_COLUMNS
+from vllm_loadtest.analysis.spec_decode import SPEC_COLUMNS
 from vllm_loadtest.analysis.sse import CUT_OFF
 from vllm_loadtest.analysis.steps import STEP_COLUMNS, UNCERTAINTY_COLUMNS
 
@@ -64,6 +65,7 @@ def test_stepped_headless_run_writes_records_and_the_step_table(fake_server, tmp
         + GPU_COLUMNS
         + ENERGY_COLUMNS
         + LORA_COLUMNS
+        + SPEC_COLUMNS
     )
     assert set(steps["end_reason"]) == {"fixed"}
     # The fake server's /metrics was scraped: its counters match the client's records exactly, but for a stream cut

@@ -26,6 +26,7 @@ from vllm_loadtest.analysis.reasoning import REASONING_COLUMNS, console_lines, r
 from vllm_loadtest.analysis.report import TTFT_TTFO, reasoning_html
 from vllm_loadtest.analysis.run import compute_table
 from vllm_loadtest.analysis.slo import judge_steps, parse_slo, verdict, verdict_lines
+from vllm_loadtest.analysis.spec_decode import SPEC_COLUMNS
 from vllm_loadtest.analysis.sse import StreamParser, parse_stream
 from vllm_loadtest.analysis.steps import format_table, step_table
 
@@ -267,7 +268,7 @@ def test_the_reasoning_columns_with_known_values():
     assert list(table.columns[-len(tail) :]) == tail
     # steps.csv: the reasoning section after every earlier one, why each step ended included.
     full = compute_table(pd.DataFrame(rows), TIMELINE, None, None)
-    tail += GPU_COLUMNS + ENERGY_COLUMNS + LORA_COLUMNS  # GPU (20), energy and LoRA (35), last
+    tail += GPU_COLUMNS + ENERGY_COLUMNS + LORA_COLUMNS + SPEC_COLUMNS  # GPU (20), energy and LoRA (35), last
     assert list(full.columns[-len(tail) - 2 : -len(tail)]) == ["end_reason", "probe"]
 
 

@@ -18,6 +18,7 @@ from vllm_loadtest.analysis.gpu import GPU_COLUMNS
 from vllm_loadtest.analysis.lora import LORA_COLUMNS
 from vllm_loadtest.analysis.reasoning import REASONING_COLUMNS
 from vllm_loadtest.analysis.report import TTFT_TTFO
+from vllm_loadtest.analysis.spec_decode import SPEC_COLUMNS
 from vllm_loadtest.analysis.steps import format_table
 
 from tests.helpers.runs import locust
@@ -45,7 +46,7 @@ def test_a_reasoning_run_shows_ttft_and_ttfo_side_by_side_with_the_reasoning_sha
     server = fake_server("--ttft-ms", "20", "--itl-ms", "5", "--reasoning", "8")
     proc, steps = run(server, tmp_path / "run")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    tail = REASONING_COLUMNS + BATCH_COLUMNS + GPU_COLUMNS + ENERGY_COLUMNS + LORA_COLUMNS  # issues 19, 20, 35
+    tail = REASONING_COLUMNS + BATCH_COLUMNS + GPU_COLUMNS + ENERGY_COLUMNS + LORA_COLUMNS + SPEC_COLUMNS
     assert list(steps.columns[-len(tail) :]) == tail
     assert (steps["reasoning_share"] == 8 / TOKENS).all() and (steps["reasoning_tokens_mean"] == 8).all()
     assert (steps["no_answer_requests"] == 0).all()

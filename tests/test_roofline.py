@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from vllm_loadtest.analysis import roofline
-from vllm_loadtest.analysis.glossary import ENERGY, GPU, names
+from vllm_loadtest.analysis.glossary import ENERGY, GPU, LORA, SPEC, names
 from vllm_loadtest.analysis.roofline import (
     COMPUTE_BOUND,
     MEMORY_BOUND,
@@ -235,16 +235,17 @@ def test_steps_csv_ends_with_the_verdict_columns(monkeypatch):
 
     metrics = metrics_frame(T, values)
     table = compute_table(records(), TIMELINE, metrics, None)
-    gpu_end = len(table.columns) - len(names(ENERGY))  # the GPU section, then the energy section (issue 35), last
+    after = names(ENERGY) + names(LORA) + names(SPEC)  # issue 35's sections after the GPU section
+    gpu_end = len(table.columns) - len(after)
     assert list(table.columns[gpu_end - len(VERDICT_COLUMNS) : gpu_end]) == VERDICT_COLUMNS
     assert list(table.columns[gpu_end - len(names(GPU)) : gpu_end]) == names(GPU)
-    assert list(table.columns[gpu_end:]) == names(ENERGY)
+    assert list(table.columns[gpu_end:]) == after
     row = table.iloc[0]
     assert row["gpu_regime"] == MEMORY_BOUND
     assert row["gpu_dram_active_ci_low"] < 0.821 < row["gpu_dram_active_ci_high"]
     # A run without GPU metrics: the columns are there, empty.
     plain = compute_table(records(), TIMELINE, None, None)
-    plain_end = len(plain.columns) - len(names(ENERGY))
+    plain_end = len(plain.columns) - len(after)
     assert list(plain.columns[plain_end - len(VERDICT_COLUMNS) : plain_end]) == VERDICT_COLUMNS
     assert plain[names(ENERGY)].isna().all().all()
     assert plain[VERDICT_COLUMNS].isna().all().all()

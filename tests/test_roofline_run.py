@@ -17,6 +17,7 @@ from vllm_loadtest.analysis.energy import ENERGY_COLUMNS
 from vllm_loadtest.analysis.finish import finish_run
 from vllm_loadtest.analysis.lora import LORA_COLUMNS
 from vllm_loadtest.analysis.roofline import MEMORY_BOUND, VERDICT_COLUMNS
+from vllm_loadtest.analysis.spec_decode import SPEC_COLUMNS
 
 from tests.helpers.gpu import URL, labels, use_gpu_series
 from tests.helpers.runs import short_run
@@ -51,8 +52,9 @@ def test_a_run_with_gpu_scrapes_reads_its_roofline_regime(fake_server, tmp_path,
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "GPU (dcgm-exporter" not in proc.stdout  # no GPU endpoint: no GPU table
     plain = pd.read_csv(run_dir / "steps.csv")
-    tail = VERDICT_COLUMNS + ENERGY_COLUMNS + LORA_COLUMNS  # the verdict ends GPU; energy, LoRA
-    assert list(plain.columns[-len(tail) :]) == tail and plain[tail].isna().all().all()
+    tail = VERDICT_COLUMNS + ENERGY_COLUMNS + LORA_COLUMNS + SPEC_COLUMNS  # the verdict ends GPU; energy, LoRA
+    assert list(plain.columns[-len(tail) :]) == tail
+    assert plain[VERDICT_COLUMNS + ENERGY_COLUMNS].isna().all().all()
 
     add_gpu_scrapes(run_dir)
     outcome = finish_run(run_dir)

@@ -60,6 +60,7 @@ from .formulas import (  # noqa: F401
     reasoning_share,
     reasoning_time_s,
     schedule_lag_s,
+    tokens_per_chunk,
     tpot_s,
     ttfo_values,
     ttft_s,
@@ -80,4 +81,5 @@ from .registry import (  # noqa: F401
     step_values,
     web_columns,
 )
+from .spec_decode import SPEC  # noqa: F401
 from .trials import TRIAL_COLUMNS, TRIAL_METRICS, TRIALS  # noqa: F401

@@ -17,6 +17,7 @@ from .columns import EMBEDDINGS, GENERATOR, OPEN_LOOP, REASONING, RERANK, SERVER
 from .energy import ENERGY
 from .models import MODELS
 from .registry import STEP_TABLE, columns
+from .spec_decode import SPEC
 
 # --- the console's tables ------------------------------------------------------------------------------------
 
@@ -120,6 +121,12 @@ SECTIONS = {
         "Energy (the GPUs' energy counters over each step's measured window, summed over the GPUs; J/token: per "
         "output token completed in the window, J/request: per request completed in it; W/GPU: mean power from the "
         "energy, beside the GPU table's power readings)",
+        ("step", "users"),
+    ),
+    SPEC: Section(
+        SPEC,
+        "Speculative decoding (the server's draft counters over each step's measured window: accepted / draft tokens, "
+        "1 + accepted / drafts; the client's tokens per token-carrying chunk; ± the half-width of the 95 % interval)",
         ("step", "users"),
     ),
     OPEN_LOOP: Section(

@@ -26,6 +26,7 @@ from .energy import ENERGY
 from .metrics import markdown_table
 from .models import LORA, MODELS
 from .registry import WEB_UI, columns
+from .spec_decode import SPEC
 from .trials import TRIALS
 
 # --- docs/reference/metrics.md ---------------------------------------------------------------------------------
@@ -109,8 +110,8 @@ _DOCS_SECTIONS = [
      "DCGM's blank values are missing, never 0. Then the roofline verdict on them (`analysis/roofline.py`, "
      "[gpu-telemetry.md](../how-to/gpu-telemetry.md#reading-the-gpu-verdict))."),
     (ENERGY, "steps.csv: energy", "The GPUs' energy per step (issue 35, `analysis/energy.py`, "
-     "[gpu-telemetry.md](../how-to/gpu-telemetry.md#energy-per-token-and-per-request)), after the GPU section, last in "
-     "steps.csv: dcgm-exporter's DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION, a counter in mJ since boot, over each step's "
+     "[gpu-telemetry.md](../how-to/gpu-telemetry.md#energy-per-token-and-per-request)), after the GPU section: "
+     "dcgm-exporter's DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION, a counter in mJ since boot, over each step's "
      "measured window. A window rarely starts or ends on a scrape: the counter's value at each edge is interpolated "
      "between the two scrapes around it, exact when the power holds between them and otherwise off by at most the "
      "power's change within one scrape interval at each edge (scaling the increase between the scrapes around the "
@@ -130,6 +131,17 @@ _DOCS_SECTIONS = [
      "step the records carry). The across-trial interval is a t-interval over the N trials' own values: it "
      "holds the drift between trials a whole plan apart, which a step's own interval cannot see "
      "([compare-runs.md](../how-to/compare-runs.md#repeat-a-run))."),
+    (SPEC, "steps.csv: speculative decoding", "Speculative decoding (issue 35, "
+     "[gpu-telemetry.md](../how-to/gpu-telemetry.md#speculative-decoding)), after the LoRA section "
+     "(`analysis/spec_decode.py`). The server's side: vLLM's counters vllm:spec_decode_num_drafts_total, "
+     "_num_draft_tokens_total and _num_accepted_tokens_total (served only with --speculative-config), their increase "
+     "over the step's window as every server counter's, a drop read as a restart; empty, never 0, when the server "
+     "exports none. The acceptance rate per draft position (vllm:spec_decode_num_accepted_tokens_per_pos_total / "
+     "drafts) has as many values as the server's speculative tokens, so it is in summary.json's `spec_decode` and "
+     "the report, not in steps.csv's fixed columns. The client's side: the output tokens each token-carrying chunk "
+     "brought, exact per chunk with continuous usage (vLLM's stream_options.continuous_usage_stats, sent to vLLM "
+     "and SGLang): a speculating server streams the tokens of an engine step in one chunk, so the tokens per chunk "
+     "follow the acceptance length the client sees."),
     (TURNS, "turns.csv: per turn", "Conversation runs (`--turns`) only: one row per turn index, from "
      "requests.parquet (`analysis/turns.py`); on the console as \"Per turn\", after the step table. A turn's "
      "requests are the k-th request of every conversation, over every step, measured by the step table's rules "

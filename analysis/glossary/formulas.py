@@ -90,6 +90,14 @@ def answer_tpot_s(
     return (e2e - ttfo) / (answer - 1)
 
 
+def tokens_per_chunk(output_tokens: int | None, chunks: int, estimated: bool | None) -> float | None:
+    """Tokens per chunk = output_tokens / chunks; None without chunks or when the tokens were counted from the chunks
+    (no usage: each chunk counted as one token, so the ratio would be 1 by construction)."""
+    if output_tokens is None or not chunks or estimated is not False:
+        return None
+    return output_tokens / chunks
+
+
 def reasoning_share(
     reasoning_tokens: Sequence[float] | np.ndarray, output_tokens: Sequence[float] | np.ndarray
 ) -> float:

@@ -352,6 +352,22 @@ _METRICS += [
            "included (issue 35)."),
 ]  # fmt: skip
 
+# Speculative decoding (issue 35; analysis/spec_decode.py): the server's counters and the client's chunks.
+_METRICS += [
+    Metric("spec_acceptance_rate", "fraction", "The share of the draft tokens a speculative-decoding server proposed "
+           "that its target model accepted: the increase of vllm:spec_decode_num_accepted_tokens_total over that of "
+           "vllm:spec_decode_num_draft_tokens_total in a window (vLLM's own formula, vllm/v1/spec_decode/metrics.py). "
+           "Per draft position k: the accepted tokens at position k over the drafts (summary.json, the report).",
+           per_request=False),
+    Metric("spec_acceptance_length", "tokens", "Mean acceptance length: the tokens a speculating engine step yields "
+           "per request, 1 (the target model's own token) + accepted tokens / drafts over a window.",
+           per_request=False),
+    Metric("tokens_per_chunk", "tokens", "Output tokens a token-carrying chunk of the stream brought: each chunk's "
+           "increase of usage.completion_tokens with continuous usage; a request's mean is output_tokens / chunks. "
+           "Above 1 when the server streams several tokens at once, as speculative decoding does when it accepts "
+           "drafts.", per_request=False),
+]  # fmt: skip
+
 GLOSSARY: dict[str, Metric] = {m.name: m for m in _METRICS}
 
 

@@ -43,6 +43,7 @@ from .columns import (
 )
 from .energy import ENERGY, ENERGY_COLUMNS
 from .models import LORA, LORA_COLUMNS, MODEL_COLUMNS
+from .spec_decode import SPEC, SPEC_COLUMNS, SPEC_REQUEST_COLUMNS
 from .trials import TRIAL_COLUMNS, TRIALS
 
 _REQUEST_COLUMNS = [
@@ -230,7 +231,9 @@ COLUMNS: dict[tuple[str, str], Column] = {
     + _GPU_VERDICT_COLUMNS
     + ENERGY_COLUMNS
     + TRIAL_COLUMNS
+    + SPEC_COLUMNS
     + _REQUEST_COLUMNS
+    + SPEC_REQUEST_COLUMNS
     + _LIVE_COLUMNS
     + _TURN_COLUMNS
     + LORA_COLUMNS
@@ -255,6 +258,7 @@ STEP_TABLE: dict[str, Column] = {
         GPU,
         ENERGY,
         TRIALS,
+        SPEC,
         LIVE,
         LORA,
     )

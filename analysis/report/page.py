@@ -21,6 +21,7 @@ from ..glossary import (
     GPU,
     LORA,
     REASONING,
+    SPEC,
     STEP_TABLE,
     TRIALS,
     Column,
@@ -41,6 +42,7 @@ from .adapters import adapters_html
 from .charts import MISMATCH_LI, batch_curve, batching_curve, latency_figure, reasoning_html
 from .distributions import arrivals_html, cdf_figure, turns_html, workload_html
 from .energy import energy_html
+from .spec_decode import spec_html
 from .timeline import generator_figure, gpu_html, timeline_figure
 from .trials import trials_html
 from .verdicts import capacity_html, ceiling_html, generator_html, slo_html
@@ -53,6 +55,7 @@ OPTIONAL_PARTS: tuple[tuple[str, Callable[[Outcome], str]], ...] = (
     (ENERGY, energy_html),
     (LORA, adapters_html),  # a model mix's (--lora-mix): "" for a run of one model
     (TRIALS, trials_html),
+    (SPEC, spec_html),
 )
 
 

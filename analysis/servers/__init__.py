@@ -35,6 +35,12 @@ CANONICAL: dict[str, str] = {
     # LoRA adapters: labels running_lora_adapters, waiting_lora_adapters (comma-separated names) and max_lora; the
     # value the Unix time the label set was last the engine's state (earlier sets are kept)
     "lora_info": "vllm:lora_requests_info",
+    # Speculative decoding (vllm/v1/spec_decode/metrics.py): drafts proposed, their tokens, the tokens accepted, and
+    # those accepted at each draft position (label position = 0 .. k-1); only served with --speculative-config.
+    "spec_drafts": "vllm:spec_decode_num_drafts_total",
+    "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "spec_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
+    "spec_accepted_per_position": "vllm:spec_decode_num_accepted_tokens_per_pos_total",
 }
 HISTOGRAMS = frozenset({"ttft_histogram", "queue_histogram"})
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")

@@ -23,6 +23,11 @@ SERIES = {
     "queue_histogram": "vllm:request_queue_time_seconds",
     "cache_config": "vllm:cache_config_info",
     "lora_info": "vllm:lora_requests_info",  # v1/metrics/loggers.py: gauge_lora_info, set_to_current_time()
+    # With --speculative-config only (vllm/v1/spec_decode/metrics.py SpecDecodingProm).
+    "spec_drafts": "vllm:spec_decode_num_drafts_total",
+    "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "spec_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
+    "spec_accepted_per_position": "vllm:spec_decode_num_accepted_tokens_per_pos_total",
 }
 # Old (V0 engine) names -> the names of vLLM 0.32 (V1 engine).
 ALIASES = {
@@ -43,4 +48,5 @@ SOURCES = (
     "https://docs.vllm.ai/en/latest/design/metrics.html",
     "https://github.com/vllm-project/vllm/blob/main/vllm/v1/metrics/loggers.py",
     "https://github.com/vllm-project/vllm/blob/main/vllm/entrypoints/openai/api_server.py",
+    "https://github.com/vllm-project/vllm/blob/main/vllm/v1/spec_decode/metrics.py",
 )

@@ -282,6 +282,8 @@ class StreamingRequester(Requester):
         record.finish_reason = parsed.finish_reason
         record.chunk_offsets_s = parsed.token_offsets_s
         record.chunk_tokens = parsed.chunk_tokens
+        estimated = parsed.output_tokens_estimated
+        record.tokens_per_chunk = glossary.tokens_per_chunk(output_tokens, record.chunks, estimated)
         if parsed.token_offsets_s:  # the reasoning / answer / tool-call split (analysis/sse.py); None without tokens
             record.reasoning_tokens = parsed.reasoning_tokens
             record.ttfo_s = parsed.first_output_offset_s

@@ -32,6 +32,8 @@ SERVERS: dict[str, ServerSettings] = {
     "rerank_vllm": ServerSettings(num_blocks=64, max_num_seqs=16, rerank=True, enforce_eager=True),
     # The tiny model with two tiny LoRA adapters, tiny-lora-a and tiny-lora-b (`--enable-lora --lora-modules`).
     "lora_vllm": ServerSettings(num_blocks=64, max_num_seqs=16, lora=True, enforce_eager=True),
+    # ngram speculative decoding, 3 draft tokens (`--speculative-config`): vLLM's vllm:spec_decode_* counters.
+    "spec_vllm": ServerSettings(num_blocks=64, max_num_seqs=16, speculative="ngram", enforce_eager=True),
 }
 
 
