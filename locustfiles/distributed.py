@@ -24,6 +24,7 @@ own copy cannot be written says so once and goes on shipping.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -62,11 +63,12 @@ class RecordShipper:
         self.count += 1
 
     def flush(self) -> None:
-        if not self._lines:
-            return
+        """Ship the lines gathered since the last flush; with none, an empty batch: its `sent_at` tells the master
+        that every record this worker finished before then has been shipped (the capacity search waits for it)."""
         lines, self._lines = self._lines, []
         self.environment.runner.send_message(
-            RECORDS_MESSAGE, {"worker": self.worker, "run_dir": self.run_dir, "lines": b"".join(lines)}
+            RECORDS_MESSAGE,
+            {"worker": self.worker, "run_dir": self.run_dir, "lines": b"".join(lines), "sent_at": time.time()},
         )
 
     def _loop(self) -> None:
@@ -183,20 +185,31 @@ class WorkerLedger:
     def _on_records(self, environment, msg, **_kw) -> None:
         data = msg.data
         run_dir = Path(data["run_dir"])
-        self._write(run_dir, data["worker"], data["lines"])
+        if data["lines"]:
+            self._write(run_dir, data["worker"], data["lines"])
         if self.run_dir is not None and run_dir == self.run_dir:
             entry = self._entry(msg.node_id)
             entry["worker"] = data["worker"]
+            entry["shipped_until"] = max(entry.get("shipped_until", -math.inf), data.get("sent_at", -math.inf))
+            if not data["lines"]:
+                return
             entry["records_received"] += data["lines"].count(b"\n")
             if self.records_event is not None:
                 self.records_event.fire(lines=data["lines"])
-        else:
+        elif data["lines"]:
             logger.warning(
                 "records from worker %s arrived after %s was merged; `python -m analysis report %s` includes them",
                 data["worker"],
                 run_dir,
                 run_dir,
             )
+
+    def shipped_until(self) -> float:
+        """The time up to which every worker still running has shipped the records it finished: the least of their
+        last batches' send times (-inf while one has sent none; +inf without such a worker)."""
+        running = [e for e in self.workers.values() if e["final_at"] is None and e["left_at"] is None
+                   and e["missing_at"] is None]  # fmt: skip
+        return min((e.get("shipped_until", -math.inf) for e in running), default=math.inf)
 
     def _on_generator(self, environment, msg, **_kw) -> None:
         data = msg.data

@@ -23,6 +23,7 @@ from ..analysis.schedule import ARRIVALS, DEFAULT_ARRIVAL, parse_rates
 from ..analysis.slo import parse_slo
 from . import trace_run
 from .declare import option
+from .distributed import SHIP_INTERVAL_S
 from .exitcodes import EXIT_SETUP_ERROR
 from .options import (
     DEFAULT_MAX_USERS,
@@ -36,6 +37,7 @@ from .options import (
 from .tracker import StepTracker
 
 logger = logging.getLogger("vllm_loadtest")
+LATE_RECORDS_S = 10.0  # a capacity probe waits at most this long past its window for its workers' records
 
 
 @dataclass(frozen=True)
@@ -359,10 +361,24 @@ class CapacityShape(SuiteShape):
         )  # fmt: skip
         return adaptive.MAX_DURATION
 
+    def _records_arrived(self, end_time: float) -> bool:
+        """Whether every worker has shipped the records it finished in the probe's window (a local run: at once).
+        Under load a worker's last batch can trail by seconds; a probe is judged without it after LATE_RECORDS_S."""
+        ledger = getattr(self.runner.environment, "vllm_loadtest", None)
+        ledger = ledger.ledger if ledger is not None else None
+        if ledger is None or ledger.shipped_until() >= end_time + SHIP_INTERVAL_S:
+            return True
+        if time.time() - end_time < LATE_RECORDS_S:
+            return False
+        logger.warning("a worker's records of the probe's last %.1f s had not arrived after %.0f s: judged without "
+                       "them", SHIP_INTERVAL_S, LATE_RECORDS_S)  # fmt: skip
+        return True
+
     def plan_tick(self, tracker: StepTracker, now: float) -> tuple[int, float] | None:
         """A probe that ends is closed, its schedule stopped and its users stopped (their requests in flight recorded
-        as cut off, and aborted at the server); one tick later, with its last records arrived, it is judged, and the
-        next probe starts with all its users at once (a rate probe's pool is spawned first, its schedule one tick
+        as cut off, and aborted at the server); once every worker has shipped its records of the window (a tick
+        later; up to LATE_RECORDS_S on a busy machine), it is judged, and the next probe starts with all its users at
+        once (a rate probe's pool is spawned first, its schedule one tick
         later). So every probe starts from an idle server, as its own benchmark would, and its verdict does not
         depend on the path of the search: a fake server of 8 slots met TTFT p95 <= 100 ms with 9 users carried over
         from 10 and broke it with 9 users started together; an overloaded rate probe's backlog slowed the next
@@ -372,8 +388,10 @@ class CapacityShape(SuiteShape):
             load, self._pending = self._pending, None
             return self._begin_probe(tracker, load, now)
         if self._draining:
-            self._draining = False
             entry = tracker.timeline[-1]
+            if not self._records_arrived(entry["end_time"]):
+                return 0, float(max(100, entry["users"]))  # as the tick that stopped its users: nothing changes
+            self._draining = False
             probe = search.judge(tracker, until=entry["end_time"])
             search.probes.append(probe)
             entry["probe_check"] = probe.to_dict(search.mode)  # the live verdict the search acted on
