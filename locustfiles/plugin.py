@@ -144,6 +144,12 @@ class RunContext:
 
     # --- lifecycle -------------------------------------------------------------------------------------
     def on_test_start(self, environment, **_kw) -> None:
+        if self.is_controller and self.run_dir is not None and not self._stopping:
+            # Locust's master fires test_start again, without test_stop, when every worker missed its heartbeat at
+            # once (check_stopped reads them all as stopped): the same run goes on, in its own directory.
+            logger.warning("Locust restarted the run without stopping it (its workers missed their heartbeats); "
+                           "the run goes on in %s", self.run_dir)  # fmt: skip
+            return
         if self.generates_load:
             # Everything alive now (Locust, pandas, pyarrow, plotly: ~half a million objects) leaves the garbage
             # collector's view. A full collection scanned them all: a 105 ms stall of every stream's timestamps,
