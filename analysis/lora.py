@@ -21,6 +21,7 @@ from .glossary.models import LORA, MODELS
 from .server_metrics import server_rows
 from .servers import CANONICAL
 from .steps import FEW_MARK, TOO_FEW, measured_column, run_row, step_table, timeline_from_records
+from .trials import plan_groups
 from .uncertainty import quantile_interval, wilson_interval
 
 MODELS_FILE = "models.csv"
@@ -146,13 +147,16 @@ def model_table(records: pd.DataFrame, timeline: list[dict], run: dict, metrics:
     rows = []
     for model in [*weights, *(m for m in models_of(records) if m not in weights)]:
         table = step_table(records[records["model"] == model], timeline).set_index("step")  # this model's
-        for step in timeline:
-            s = int(step["step"])
-            n, k = int(step_sent.get(s, 0)), int(model_sent.get((s, model), 0))
+        for entries in plan_groups(timeline):  # a step, or with --repeat a plan step over its trials
+            step, runs = entries[0], [int(t["step"]) for t in entries]
+            s = int(step.get("plan_step", step["step"]))
+            n = sum(int(step_sent.get(r, 0)) for r in runs)
+            k = sum(int(model_sent.get((r, model), 0)) for r in runs)
             share = wilson_interval(k, n)
             core = table.loc[s]
-            ok = oks.get((s, model), ok_all.iloc[:0])
-            running, waiting = _adapter_shares(_in_window(states, step, stop_time), model, named)
+            ok = pd.concat([oks.get((r, model), ok_all.iloc[:0]) for r in runs])
+            windows = pd.concat([_in_window(states, t, stop_time) for t in entries])
+            running, waiting = _adapter_shares(windows, model, named)
             rows.append({
                 "step": s, "users": int(step["users"]), "rate_rps": step.get("rate_rps"), "model": model,
                 "sent": k, "step_sent": n, "share": share.value, "share_low": share.low, "share_high": share.high,
