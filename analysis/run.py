@@ -70,6 +70,7 @@ def compute_tables(
         return _table(records, timeline, metrics, generator), None
     per_entry = _table(records, trials.separate(timeline), metrics, generator)
     table = trials.pooled_table(step_table(records, timeline), per_entry, timeline)
+    table.attrs.update(per_entry.attrs)  # the run's totals riding along (speculative decoding's), over every entry
     return table, trials.trials_table(per_entry, timeline)
 
 
