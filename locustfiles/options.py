@@ -41,16 +41,29 @@ def parse_steps(text: str) -> list[int]:
     return steps
 
 
+_SPAN = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|h|m|s)")
+_SPAN_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
 def parse_duration(text: str, name: str, allow_zero: bool = False) -> float:
-    """'30s', '2m', '1m30s' or plain seconds -> seconds; raises ValueError naming the option."""
+    """'30s', '1.4s', '500ms', '2m', '1m30s' or plain seconds -> seconds; raises ValueError naming the option.
+    Decimals are accepted with a unit too: the default warm-up of a 7 s step is written '1.4s' (startup.py)."""
     text = str(text).strip()
     try:
-        value = float(text) if text.replace(".", "", 1).isdigit() else float(parse_timespan(text))
+        value = float(text) if text.replace(".", "", 1).isdigit() else _timespan(text)
     except ValueError:
         raise ValueError(f"{name} {text!r} is not a duration; use e.g. {name} 30s") from None
     if value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"{name} {text!r} must be {'zero or ' if allow_zero else ''}positive; use e.g. {name} 30s")
     return value
+
+
+def _timespan(text: str) -> float:
+    """'1h30m', '1.5s', '250ms' -> seconds (Locust's parse_timespan takes whole numbers only)."""
+    parts = _SPAN.findall(text.replace(" ", "").lower())
+    if not parts or "".join(n + u for n, u in parts) != text.replace(" ", "").lower():
+        return float(parse_timespan(text))  # raises ValueError for anything it does not read either
+    return sum(float(n) * _SPAN_SECONDS[u] for n, u in parts)
 
 
 def parse_step_duration(text: str) -> float | None:
