@@ -3,9 +3,8 @@
 Starts a server (bench_client_cpu's: vllmhttp or streamserver) pinned to one core and the suite with its default
 options pinned to the other, then, --warmup s after the server counted the first token, samples the locust process
 with py-spy (`record --nonblocking`: the process is never paused, so its timing is not disturbed; py-spy itself runs
-on the server's core) for --seconds, and splits the samples in which the process was on the CPU (py-spy leaves out
-the samples of a thread idle in a system call: the hub sleeping in epoll) into parts, by the first frame from the
-leaf that names one:
+on the server's core) for --seconds with `--gil` (only the samples in which the main thread held the GIL), and
+splits them into parts, by the first frame from the leaf that names one:
 - hub: gevent's hub (its loop and the callbacks it runs) when no part below is on the stack;
 - wait: waiting for the socket to become readable (`wait(readable)` in locustfiles/stream_client.py: arming the
   watcher and switching to the hub);
@@ -18,6 +17,9 @@ leaf that names one:
 - send: sending the request; record: finishing, serializing and writing each request's record;
 - other: the rest (Locust, the self-checks, ...); its top functions are printed.
 Without --native, time in C (llhttp, orjson, the system calls) counts for the Python line that called it.
+Caveat, measured: py-spy cannot tell gevent's hub asleep in epoll from work. Without `--gil` the idle samples carry
+the last greenlet's stack; with it, the samples holding the GIL were still ~2x the main thread's CPU time from /proc
+(printed with the table). The split is of py-spy's samples, a picture of where the loop is, not exact CPU shares.
 
     .venv/bin/python -m tests.benchmarks.profile_client [--server vllmhttp] [--streams 256] [--ttft-ms 20]
         [--itl-ms 10] [--tokens 128] [--warmup 5] [--seconds 10] [--rate 250] [--write-docs]
@@ -88,10 +90,10 @@ def classify(stack: list[str]) -> str:
     return "other"
 
 
-def split(raw: str, cpu_fraction: float) -> tuple[collections.Counter, collections.Counter, int]:
-    """Samples per part, on the CPU only: py-spy cannot tell the hub idle in epoll from the hub at work (both are
-    `Hub.run` with C below), so the hub's samples on the CPU are the main thread's CPU time over the window
-    (cpu_fraction, from /proc) x its samples, less the samples of the other parts (Python running: on the CPU)."""
+def split(raw: str) -> tuple[collections.Counter, collections.Counter, int]:
+    """Samples per part of the main thread. py-spy's `--gil` keeps the samples in which the thread held the GIL:
+    gevent's hub lets it go while it sleeps in epoll, and without `--gil` py-spy counted that sleep under the last
+    greenlet's stack (the parts' samples then exceeded the thread's CPU time in /proc by 2x)."""
     threads: dict[str, list[tuple[list[str], int]]] = collections.defaultdict(list)
     for row in raw.splitlines():
         stack_text, _, count = row.rpartition(" ")
@@ -105,15 +107,12 @@ def split(raw: str, cpu_fraction: float) -> tuple[collections.Counter, collectio
     main = max(threads.values(), key=lambda rows: sum(n for s, n in rows if any("stream_client" in f for f in s)))
     parts: collections.Counter = collections.Counter()
     other: collections.Counter = collections.Counter()
-    samples = sum(n for _, n in main)
     for stack, n in main:
         part = classify(stack)
         parts[part] += n
         if part == "other" and stack:
             other[stack[-1]] += n
-    busy = samples - parts["hub"]
-    parts["hub"] = max(0, round(cpu_fraction * samples) - busy)
-    return parts, other, busy + parts["hub"]
+    return parts, other, sum(parts.values())
 
 
 def thread_cpu(pid: int) -> float:
@@ -133,7 +132,7 @@ def profile(a: argparse.Namespace) -> tuple[str, int, float]:
                 spy = [
                     "taskset", "-c", str(SERVER_CPU), str(Path(sys.executable).with_name("py-spy")), "record",
                     "--pid", str(proc.pid), "--nonblocking", "--rate", str(a.rate), "--duration", f"{a.seconds:g}",
-                    "--format", "raw", "--threads", "--output", str(out),
+                    "--format", "raw", "--threads", "--gil", "--output", str(out),
                 ]  # fmt: skip
                 c0, cpu0, t0 = server.get("/counter"), thread_cpu(proc.pid), time.time()
                 done = subprocess.run(spy, capture_output=True, text=True, timeout=a.seconds + 60)
@@ -152,7 +151,7 @@ def profile(a: argparse.Namespace) -> tuple[str, int, float]:
 
 
 def table(parts: collections.Counter, total: int) -> list[str]:
-    rows = ["| part | share of the samples on the CPU |", "|---|---:|"]
+    rows = ["| part | share of the samples holding the GIL |", "|---|---:|"]
     rows += [f"| {p} | {100 * parts[p] / total:.0f} % |" for p in PARTS]
     return rows
 
@@ -175,15 +174,18 @@ def main() -> None:
     load1 = os.getloadavg()[0]
     if a.raw:
         a.raw.write_text(raw)
-    parts, other, total = split(raw, cpu_fraction)
+    parts, other, total = split(raw)
+    rounds = round(a.rate * a.seconds)
     command = "python -m tests.benchmarks.profile_client " + " ".join(x for x in sys.argv[1:] if x != "--write-docs")
     block = "\n".join(
         [
             BEGIN,
             f"Generated by `{command}` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC: the suite (default "
             f"options) at {a.streams} timed streams against {a.server} ({a.ttft_ms:g} ms TTFT, {a.itl_ms:g} ms per "
-            f"token, {a.tokens} tokens; {tok_s:,} tok/s by the server's count; the main thread on the CPU "
-            f"{100 * cpu_fraction:.0f} % of the time), {total:,} samples on the CPU in {a.seconds:g} s at {a.rate}/s; "
+            f"token, {a.tokens} tokens; {tok_s:,} tok/s by the server's count). The main thread was on the CPU "
+            f"{100 * cpu_fraction:.0f} % of the window (/proc); {total:,} of {rounds:,} samples "
+            f"({100 * total / rounds:.0f} %) held the GIL (hub: its Python and Cython work; libev and epoll, without "
+            f"the GIL, are not in them); "
             f"1-minute load average {load0:.2f} before, {load1:.2f} after.",
             "",
             *table(parts, total),
