@@ -23,7 +23,7 @@ handler began, so its errors include the server's own delay in reading the reque
 
     .venv/bin/python -m tests.benchmarks.bench_client_cpu [--servers vllmhttp,streamserver] [--streams 256]
         [--ttft-ms 20] [--itl-ms 10] [--tokens 128] [--warmup 5] [--window 10] [--rounds 2]
-        [--error-streams 64,512] [--write-docs]
+        [--error-streams 64,512] [--suite-args "--keep-alive"] [--write-docs]
 
 --write-docs replaces the block between the bench_client_cpu markers in docs/explanation/measurement.md with this
 run's tables. Prints the machine's load averages before and after each measurement: run it on a quiet machine.
@@ -96,12 +96,14 @@ def tree_cpu(pid: int) -> float:
     return total
 
 
-def start_client(client: str, url: str, streams: int, tokens: int, seconds: float, out: Path) -> subprocess.Popen:
+def start_client(
+    client: str, url: str, streams: int, tokens: int, seconds: float, out: Path, extra: tuple[str, ...] = ()
+) -> subprocess.Popen:
     if client == "suite":
         args = [
             "taskset", "-c", str(CLIENT_CPU), sys.executable, "-m", "locust", "-f",
             str(ROOT / "locustfiles" / "vllm_streaming.py"), "--headless", "--host", url, "--steps", str(streams),
-            "--step-duration", f"{seconds:.0f}s", "--max-tokens", str(tokens), "--run-dir", str(out),
+            "--step-duration", f"{seconds:.0f}s", "--max-tokens", str(tokens), "--run-dir", str(out), *extra,
         ]  # fmt: skip
     else:
         out.mkdir(parents=True)
@@ -158,7 +160,8 @@ def measure(server: Server, kind: str, client: str, streams: int, a: argparse.Na
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        proc = start_client(client, server.url, streams, a.tokens, a.warmup + a.window + TAIL_S, out)
+        extra = tuple(a.suite_args.split())
+        proc = start_client(client, server.url, streams, a.tokens, a.warmup + a.window + TAIL_S, out, extra)
         try:
             wait_first_token(server, proc, server.get("/counter")["tokens"])
             time.sleep(a.warmup)
@@ -288,6 +291,7 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=10)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--error-streams", default="", help="also these stream counts, for the TTFT error p99 (64,512)")
+    ap.add_argument("--suite-args", default="", help="options added to the suite's defaults (e.g. --keep-alive)")
     ap.add_argument("--write-docs", action="store_true", help=f"replace the marked block in {DOC.name}")
     a = ap.parse_args()
     a.servers = a.servers.split(",")
