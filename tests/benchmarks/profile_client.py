@@ -176,7 +176,10 @@ def main() -> None:
         a.raw.write_text(raw)
     parts, other, total = split(raw)
     rounds = round(a.rate * a.seconds)
-    command = "python -m tests.benchmarks.profile_client " + " ".join(x for x in sys.argv[1:] if x != "--write-docs")
+    shown = [x for x in sys.argv[1:] if x != "--write-docs"]
+    if "--raw" in shown:  # where this run kept its stacks: not part of how to rerun it
+        del shown[shown.index("--raw") : shown.index("--raw") + 2]
+    command = " ".join(["python -m tests.benchmarks.profile_client", *shown])
     block = "\n".join(
         [
             BEGIN,
