@@ -4,7 +4,8 @@ One asyncio (uvloop) process, no web framework: it reads a request, answers with
 (continuous usage stats, one token per chunk, chunked transfer encoding as uvicorn sends it) and records, per
 X-Request-Id, the wall-clock time the request was complete in its buffer and the wall-clock time each token's
 chunk was handed to the kernel. GET /truth returns those logs, so a client's TTFT/ITL/TPOT can be compared with
-what the server really did: the server's own lateness is then not counted as client error.
+what the server really did: the server's own lateness is then not counted as client error. GET /counter returns
+the token chunks sent so far (a benchmark's tokens per window, from the server's own count).
 
 Modes:
 - timed: token i is scheduled at receipt + ttft + (i - 1) * itl (absolute deadlines, no drift). The receipt is the
@@ -76,6 +77,7 @@ class Server:
         self.flood = flood
         self.streams = Streams()
         self.truth: dict[str, dict] = {}
+        self.tokens = 0  # token chunks handed to the kernel so far: GET /counter
 
     def protocol(self) -> asyncio.Protocol:
         return Connection(self)
@@ -130,6 +132,8 @@ class Connection(asyncio.Protocol):
             return self.reply("200 OK", orjson.dumps({"object": "list", "data": [{"id": "bench"}]}), close)
         if path == "/truth":
             return self.reply("200 OK", orjson.dumps(self.server.truth), close)
+        if path == "/counter":
+            return self.reply("200 OK", orjson.dumps({"tokens": self.server.tokens, "time": time.time()}), close)
         if path == "/reset":
             self.server.truth.clear()
             return self.reply("200 OK", b"{}", close)
@@ -146,6 +150,7 @@ class Connection(asyncio.Protocol):
         if self.server.flood:
             self.transport.write(b"".join(chunks) + tail)
             sent.append(time.time())
+            self.server.tokens += len(chunks)
             if close:
                 self.transport.close()
             return
@@ -160,6 +165,7 @@ class Connection(asyncio.Protocol):
             return
         i = len(sent)
         sent.append(time.time())
+        self.server.tokens += 1
         if i + 1 < len(chunks):
             self.transport.write(chunks[i])
             loop.call_at(start + (i + 1) * self.server.itl_s, self.send, loop, start, chunks, tail, sent, close)
