@@ -12,7 +12,7 @@ every value differs between scrapes and GPUs (an average taken over the wrong sa
   (POST /values {"util": 87, ...} pins a field to one value for every GPU instead; {} goes back to the schedule.)
   DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION (mJ since "boot", an integer): the exact integral of the power it reports,
   each answer's watts held until the next answer (a GPU draws what it last reported), from 9e9 + g mJ at start;
-  --energy-reset-after S restarts it from 0 at S seconds after start (a driver reload), --no-energy leaves it out.
+  --energy-reset-after S restarts it from 0 S seconds after its first answer (a driver reload), --no-energy drops it.
 
 Control: POST /down {"down": true} makes every scrape fail until POST /down {"down": false}.
 
@@ -177,12 +177,16 @@ class State:
         self.energy_at = self.started
         self.drawing_w: list[float] | None = None  # before the first answer: that answer's watts
         self.reset_done = cfg.energy_reset_after is None
+        self.first_answer_at: float | None = None
 
     def advance_energy(self, now: float, power_w: list[float]) -> list[float]:
         """The energy counters at `now`: each GPU's watts held since the last answer integrated exactly (a restart
         from 0 at --energy-reset-after counts only what was drawn since); then draw `power_w` (this answer's)."""
         drawing = self.drawing_w if self.drawing_w is not None else power_w
-        reset_at = None if self.reset_done else self.started + self.cfg.energy_reset_after
+        if self.first_answer_at is None:
+            self.first_answer_at = now
+        # From the first answer, not the start: a run that took long to start on a busy machine still sees it.
+        reset_at = None if self.reset_done else self.first_answer_at + self.cfg.energy_reset_after
         for g, watts in enumerate(drawing):
             if reset_at is not None and reset_at <= now:
                 self.energy_mj[g] = watts * (now - max(reset_at, self.energy_at)) * 1000.0

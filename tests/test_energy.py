@@ -264,7 +264,8 @@ def test_the_fake_exporters_energy_is_the_exact_integral_of_the_power_it_reports
 
 def test_the_fake_exporters_counter_resets_and_can_be_left_out():
     st = _state(energy_reset_after=2.0)
-    t0 = st.started
+    t0 = st.started + 0.5
+    st.advance_energy(t0, [300.0, 300.0])  # its first answer: the reset is counted from here
     st.advance_energy(t0 + 1.0, [300.0, 300.0])
     after = st.advance_energy(t0 + 3.0, [300.0, 300.0])
     assert after[0] == pytest.approx(300.0 * 1.0 * 1000)  # from 0 at t0 + 2: only the second since
