@@ -26,14 +26,18 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import gevent
-from locust.runners import STATE_MISSING
+import locust.runners
+from locust.runners import HEARTBEAT_INTERVAL, STATE_MISSING
 
 from ..analysis.diskio import LineFile, WriteFailure
 from ..analysis.generator import GENERATOR_DIR
 from ..analysis.records import RECEIVED_DIR, RECORDS_DIR
+from .declare import option
 
 logger = logging.getLogger("vllm_loadtest.distributed")
 
@@ -45,6 +49,28 @@ RECORDS_EVENT = "llm_worker_records"  # environment.events.<this>: the master re
 SHIP_INTERVAL_S = 0.5
 FINAL_GRACE_S = 15.0  # beyond --stop-timeout, for the last messages to arrive
 MISSING_GRACE_S = 10.0  # how long a worker without heartbeat may still come back with its final message
+
+
+@dataclass(frozen=True)
+class DistributedOptions:
+    """How long the master waits for a silent worker."""
+
+    GROUP: ClassVar[str] = "Distributed"
+
+    heartbeat_timeout: float = option(
+        "--heartbeat-timeout",
+        10.0,
+        "Seconds a worker may go without a heartbeat before the master counts it missing (Locust alone: about 5). A "
+        "worker whose CPU is saturated misses heartbeats; a missing worker gets no users, and when every worker is "
+        "missing Locust stops the run (exit code 5). Read by the master",
+    )
+
+
+def apply_heartbeat_timeout(seconds: float) -> None:
+    """Locust's master reads HEARTBEAT_LIVENESS from its module at every beat (a process-wide setting of Locust's):
+    a worker's count is reset to it by each heartbeat, lowered once per HEARTBEAT_INTERVAL, and the worker is
+    missing at the first check that finds it below 0, LIVENESS + 2 intervals after its last heartbeat."""
+    locust.runners.HEARTBEAT_LIVENESS = max(0, math.ceil(seconds / HEARTBEAT_INTERVAL) - 2)
 
 
 class RecordShipper:

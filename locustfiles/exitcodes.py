@@ -8,3 +8,6 @@ EXIT_SETUP_ERROR = 3  # bad input found before any load was sent
 # run was stopped at once; the records kept are complete, `python -m analysis report` builds the rest once there is
 # room. Not 2: the suite did what it should; not 1: it is no verdict on the server.
 EXIT_WRITE_FAILED = 4
+# Every worker went missing (no heartbeat for --heartbeat-timeout) and Locust stopped the run before its plan ended:
+# the records that arrived are merged, the results cover the steps that ran. Not 1: no verdict on the server.
+EXIT_WORKERS_LOST = 5

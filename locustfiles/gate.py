@@ -36,8 +36,8 @@ class GateOptions:
 def exit_code(environment, outcome, is_controller: bool) -> int | None:
     """0 ok, 1 errors over --max-error-rate, a broken --slo or no request completed (the last two headless), 2 the
     tool crashed; with --find-capacity, 0 when a capacity was found, 1 when even the first probe broke an objective.
-    None: already decided (3 bad input, 4 a failed write, set where they happened), or a worker (the master's code
-    is the run's)."""
+    None: already decided (3 bad input, 4 a failed write, 5 every worker lost, set where they happened), or a worker
+    (the master's code is the run's)."""
     if environment.process_exit_code is not None or not is_controller:
         return None
     if locust.log.unhandled_greenlet_exception or environment.runner.exceptions:
@@ -58,7 +58,7 @@ def register(environment, ctx) -> None:
     """The exit code, decided as the process quits from the run context's last outcome."""
 
     def on_quitting(environment, **_kw) -> None:
-        code = exit_code(environment, ctx.outcome, ctx.is_controller)
+        code = exit_code(environment, ctx.settle(), ctx.is_controller)
         if code is not None:
             environment.process_exit_code = code
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import gevent
 import locust
 from locust.event import EventHook
-from locust.runners import MasterRunner, WorkerRunner
+from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
 from ..analysis import __version__ as SUITE_VERSION
 from ..analysis import servers
@@ -49,8 +49,14 @@ from . import (
     trace_run,
     webui,
 )
-from .distributed import RECORDS_EVENT, RecordShipper, WorkerLedger, register_worker_stop
-from .exitcodes import EXIT_SETUP_ERROR, EXIT_WRITE_FAILED
+from .distributed import (
+    RECORDS_EVENT,
+    RecordShipper,
+    WorkerLedger,
+    apply_heartbeat_timeout,
+    register_worker_stop,
+)
+from .exitcodes import EXIT_SETUP_ERROR, EXIT_WORKERS_LOST, EXIT_WRITE_FAILED
 from .output import default_run_dir, unused_run_dir
 from .preflight import (
     Built,
@@ -121,7 +127,9 @@ class RunContext:
         self.disk_watch: diskspace.DiskWatch | None = None
         self.bus: recordbus.RecordBus | None = None  # the controller's (recordbus.register)
         self._refused = False  # this run's start was refused (its run directory cannot be written): said once
+        self._finishing: gevent.Greenlet | None = None  # the end of the run (on_test_stop's work), under way or done
         if isinstance(environment.runner, MasterRunner):
+            apply_heartbeat_timeout(self.options.heartbeat_timeout)
             self.ledger = WorkerLedger(
                 environment, on_change=self._workers_changed, on_write_failure=self._write_failed
             )
@@ -184,6 +192,7 @@ class RunContext:
         self._run_json_failed = False
         self._stopping = False
         self._refused = False
+        self._finishing = None
         self.tracker.stop_requested = False
         try:
             # Created, and a probe file written and removed in it: on every process (a worker's own copy too).
@@ -202,6 +211,7 @@ class RunContext:
         if self.selfcheck is not None:
             self.selfcheck.start(self.run_dir, self.worker_name, self._intended_users)
         if self.ledger is not None:
+            apply_heartbeat_timeout(self.options.heartbeat_timeout)  # the web UI's start form may have changed it
             self.workers = []
             self.ledger.start(self.run_dir)
         if self.is_controller:
@@ -266,8 +276,44 @@ class RunContext:
         self._stopping = True
         if self.generates_load:
             self.tracker.plan.finish()  # the schedule ends with the run, not when the stopped users have finished
+        if self.ledger is not None and self.run_dir is not None and self._every_worker_missing():
+            self._workers_lost()
+
+    def _every_worker_missing(self) -> bool:
+        clients = list(self.environment.runner.clients.all)
+        return bool(clients) and all(c.state == STATE_MISSING for c in clients)
+
+    def _workers_lost(self) -> None:
+        """Locust stops a run when its last worker goes missing, and its headless master quits at once: one line,
+        exit code 5, and the end of the run completed with what arrived (settle)."""
+        step = self.tracker.state.step if self.tracker.state is not None else None
+        logger.error(
+            "every worker went missing (no heartbeat for --heartbeat-timeout %g s)%s, so Locust stopped the run; the "
+            "records that reached the master are merged; give the workers CPU to spare (more workers, or fewer "
+            "users each) or raise --heartbeat-timeout",
+            self.options.heartbeat_timeout,
+            "" if step is None else f" in step {step}",
+        )
+        if self.environment.process_exit_code is None:
+            self.environment.process_exit_code = EXIT_WORKERS_LOST
 
     def on_test_stop(self, environment, **_kw) -> None:
+        # In a greenlet of its own: Locust's headless master may kill the greenlet that fired test_stop (it quits at
+        # once when its last worker went missing); settle() then waits for this one to complete.
+        if self._finishing is None or self._finishing.dead:
+            self._finishing = gevent.spawn(self._end_run, environment)
+        self._finishing.get()
+
+    def settle(self) -> Outcome | None:
+        """The last run's outcome once its end is complete (called as the process quits): an end under way is waited
+        for, and one that Locust never let start (its master quit as it stopped the run) is run now."""
+        if self._finishing is not None and not self._finishing.dead:
+            self._finishing.join()
+        elif self.is_controller and self._finishing is None and self._stopping and self.run_dir is not None:
+            self._end_run(self.environment)
+        return self.outcome
+
+    def _end_run(self, environment) -> None:
         if self.generates_load:
             self.tracker.plan.close()  # logs the scheduled requests that were due and never sent
             self.resources.stop_run()

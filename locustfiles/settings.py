@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from . import declare
 from .conversation import ConversationOptions
 from .datasets import DatasetOptions
+from .distributed import DistributedOptions
 from .gate import GateOptions
 from .images import ImageOptions
 from .kinds.embeddings import EmbeddingsOptions
@@ -28,13 +29,13 @@ from .shape import AdaptiveOptions, CapacityOptions, LoadPlanOptions
 from .trace_run import TraceOptions
 
 # The option groups (each class's GROUP) in the order --help and docs/reference/options.md show them.
-GROUP_ORDER = ("Load plan", "Workload", "Request", "Server", "SLO and capacity", "Output")
+GROUP_ORDER = ("Load plan", "Workload", "Request", "Server", "SLO and capacity", "Output", "Distributed")
 
 # In the order the parser lists them (within a group, --help and the reference keep this order).
 OPTION_CLASSES = (
     RequestOptions, LoraOptions, EmbeddingsOptions, RerankOptions, ImageOptions, DatasetOptions, ConversationOptions,
     LoadPlanOptions, AdaptiveOptions, CapacityOptions, TraceOptions, ServerOptions, ScrapeOptions, GpuOptions,
-    GateOptions, OutputOptions,
+    GateOptions, OutputOptions, DistributedOptions,
 )  # fmt: skip
 
 
@@ -68,8 +69,8 @@ class ServerProfileState:
 # Bases in reverse: a dataclass's fields follow the reversed method resolution order.
 @dataclass(frozen=True)
 class SuiteOptions(
-    ServerProfileState, LocustOptions, OutputOptions, GateOptions, GpuOptions, ScrapeOptions, ServerOptions,
-    TraceOptions, CapacityOptions, AdaptiveOptions, LoadPlanOptions, ConversationOptions, DatasetOptions,
+    ServerProfileState, LocustOptions, DistributedOptions, OutputOptions, GateOptions, GpuOptions, ScrapeOptions,
+    ServerOptions, TraceOptions, CapacityOptions, AdaptiveOptions, LoadPlanOptions, ConversationOptions, DatasetOptions,
     ImageOptions, RerankOptions, EmbeddingsOptions, LoraOptions, RequestOptions,
 ):  # fmt: skip
     """A run's options, typed: every feature's, Locust's own that shape a run, and the server type decided."""

@@ -34,13 +34,15 @@ LOCUST_SHOWN = {
     "Run": ("--host", "--headless", "--config", "--web-port"),
     "Distributed": ("--processes", "--master", "--worker", "--master-host", "--expect-workers"),
 }
-# The suite's groups (locustfiles/settings.py's GROUP_ORDER) between Locust's "Run" and "Distributed" options.
+# The suite's groups (locustfiles/settings.py's GROUP_ORDER) after Locust's "Run" options; Locust's "Distributed"
+# ones after the suite's own.
 TAIL = """\
 Every option is also read from a config file (--config FILE, or ./locust.conf: `steps = 1,2,4`) and from its
 LOCUST_* environment variable (LOCUST_STEPS=1,2,4), as Locust's own are; the command line wins.
 Locust's own options (-u, -t, --web-host, --csv, --loglevel, ...): vllm-loadtest --help-locust
 Every option with its variable: docs/reference/options.md; exit codes: 0 ok, 1 errors or a broken SLO,
-2 the tool crashed, 3 bad input or an unreachable server, 4 a result file could not be written."""
+2 the tool crashed, 3 bad input or an unreachable server, 4 a result file could not be written,
+5 every worker went missing and the run was cut short."""
 
 
 def _default_text(field: dataclasses.Field) -> str:
@@ -63,7 +65,7 @@ def help_text() -> str:
     parser = argparse.ArgumentParser(
         prog="vllm-loadtest", usage=argparse.SUPPRESS, add_help=False, formatter_class=_Formatter
     )
-    order = ("Run", *settings.GROUP_ORDER, "Distributed")
+    order = ("Run", *dict.fromkeys((*settings.GROUP_ORDER, "Distributed")))  # the suite's own Distributed ones too
     groups = {title: parser.add_argument_group(f"{title} options") for title in order}
     locust = _locust_actions()
     for title in ("Run",):
