@@ -387,6 +387,7 @@ class EmbeddedVLLM:
                 with urllib.request.urlopen(self.url + "/v1/models", timeout=2) as r:
                     if r.status == 200:
                         self.autogroup_nice = lower_priority(self.proc.pid)
+                        self._warm_up()
                         print(f"vLLM ready after {time.monotonic() - started:.0f} s", flush=True)
                         return
             except (urllib.error.URLError, OSError):
@@ -397,6 +398,18 @@ class EmbeddedVLLM:
             f"{self.settings.startup_timeout_s:.0f} s; last lines of {self.log}:\n"
             f"{_tail(self.log)}"
         )
+
+    def _warm_up(self) -> None:
+        """With speculation, one request to its end: the first after the start compiles the ngram proposer (vLLM
+        jit-compiles it with numba on first use), which took longer than a short step on a 2-core machine."""
+        if not self.settings.speculative:
+            return
+        body = {"model": self.settings.served_model_name, "prompt": "a b a b a b", "max_tokens": 8, "ignore_eos": True}
+        request = urllib.request.Request(
+            self.url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=self.settings.startup_timeout_s) as answer:
+            answer.read()
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None

@@ -14,7 +14,12 @@ from collections.abc import Iterable
 
 from vllm_loadtest.embedded_vllm import EmbeddedVLLM, ServerSettings
 
-# Fixture name -> the server it yields. Each test that uses one of these fixtures is a `vllm` test.
+# One server for the LoRA and the speculative-decoding tests: each server started beside the others costs the whole
+# session its start (7 servers took 280 s to answer together, 5 took 121 s), and neither test minds the other feature.
+LORA_AND_SPEC = ServerSettings(num_blocks=64, max_num_seqs=16, lora=True, speculative="ngram", enforce_eager=True)
+
+# Fixture name -> the server it yields (two names may share one). Each test that uses one of these fixtures is a
+# `vllm` test.
 SERVERS: dict[str, ServerSettings] = {
     # max_num_seqs above what the 128-block cache holds, so the cache, not the batch-size cap, binds under load.
     "vllm_server": ServerSettings(
@@ -30,10 +35,10 @@ SERVERS: dict[str, ServerSettings] = {
     "vision_vllm": ServerSettings(num_blocks=64, max_num_seqs=16, vision=True, enforce_eager=True),
     # The tiny cross-encoder (LlamaForSequenceClassification, one label): /v1/rerank.
     "rerank_vllm": ServerSettings(num_blocks=64, max_num_seqs=16, rerank=True, enforce_eager=True),
-    # The tiny model with two tiny LoRA adapters, tiny-lora-a and tiny-lora-b (`--enable-lora --lora-modules`).
-    "lora_vllm": ServerSettings(num_blocks=64, max_num_seqs=16, lora=True, enforce_eager=True),
+    # The tiny model with two tiny LoRA adapters, tiny-lora-a and tiny-lora-b (`--enable-lora --lora-modules`), and
     # ngram speculative decoding, 3 draft tokens (`--speculative-config`): vLLM's vllm:spec_decode_* counters.
-    "spec_vllm": ServerSettings(num_blocks=64, max_num_seqs=16, speculative="ngram", enforce_eager=True),
+    "lora_vllm": LORA_AND_SPEC,
+    "spec_vllm": LORA_AND_SPEC,
 }
 
 
@@ -47,20 +52,22 @@ def needed(fixturenames: Iterable[Iterable[str]]) -> list[str]:
 
 
 class Fleet:
-    """The servers this process started, each at most once, all stopped together."""
+    """The servers this process started, each at most once (by its settings, which names may share), all stopped
+    together."""
 
     def __init__(self, names: Iterable[str] = ()) -> None:
         self.names = list(names)  # started together at the first get()
-        self.servers: dict[str, EmbeddedVLLM] = {}
+        self.servers: dict[int, EmbeddedVLLM] = {}  # id of the settings -> its server
 
     def get(self, name: str) -> EmbeddedVLLM:
-        if name not in self.servers:
-            starting = [n for n in dict.fromkeys([*self.names, name]) if n not in self.servers]
-            for n in starting:
-                self.servers[n] = EmbeddedVLLM(SERVERS[n]).launch()
-            for n in starting:
-                self.servers[n].wait_ready()
-        return self.servers[name]
+        if id(SERVERS[name]) not in self.servers:
+            wanted = {id(SERVERS[n]): SERVERS[n] for n in [*self.names, name]}
+            starting = [key for key in wanted if key not in self.servers]
+            for key in starting:
+                self.servers[key] = EmbeddedVLLM(wanted[key]).launch()
+            for key in starting:
+                self.servers[key].wait_ready()
+        return self.servers[id(SERVERS[name])]
 
     def stop(self) -> None:
         for server in self.servers.values():

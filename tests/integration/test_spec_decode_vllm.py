@@ -1,8 +1,9 @@
 """Speculative decoding against the real vLLM: the embedded server with ngram speculation (`serve --speculative
 ngram`, the session's `spec_vllm`, tests/helpers/fleet.py). One short step: steps.csv's acceptance rate and mean
 acceptance length are vLLM's own counters' ratios over the window (what its /metrics says, not a speed), summary.json
-has a rate per draft position, and the client sees chunks of several tokens. The server starts with the session's
-others (about 80 s beside them on 2 cores); the test itself takes about 15 s.
+has a rate per draft position, and the client sees chunks of several tokens. The server (shared with the LoRA tests)
+starts with the session's others and answers one request before it counts as ready (the first compiles the ngram
+proposer); the test itself takes about 15 s.
 
 The tiny model's weights are random and greedy decoding repeats a token, which ngram lookup then drafts: most drafts
 are accepted, so the chunks carry up to 4 tokens (3 drafts and the target model's own). Select with `-m vllm`."""
@@ -28,18 +29,8 @@ def counters(server) -> dict[str, float]:
     return {name: sum(v for n, _, v in samples if n == name) for name in (DRAFTS, DRAFT_TOKENS, ACCEPTED)}
 
 
-def warm_up(server) -> None:
-    """One request to its end: the first one after the start compiles the ngram proposer (vLLM jit-compiles it
-    with numba on first use), which took longer than a short step on this 2-core machine."""
-    body = json.dumps({"model": "tiny", "prompt": "a b a b a b", "max_tokens": 8, "ignore_eos": True}).encode()
-    request = urllib.request.Request(server.url + "/v1/completions", body, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=180) as answer:
-        assert answer.status == 200
-
-
 def test_a_real_speculating_server_gives_its_acceptance_per_step(spec_vllm, tmp_path):
     run_dir = tmp_path / "run"
-    warm_up(spec_vllm)
     before = counters(spec_vllm)
     proc = locust("--host", spec_vllm.url, "--steps", "2", "--step-duration", "4s", "--step-warmup", "0s",
                   "--max-tokens", "32", "--scrape-interval", "0.5",
