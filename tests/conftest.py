@@ -17,7 +17,7 @@ import pytest
 
 from tests import browser as browser_mod
 from tests.helpers import monkey  # noqa: F401 - first: it patches the standard library for gevent (as Locust does)
-from tests.helpers.fleet import GROUP, SERVERS, Fleet, needed
+from tests.helpers.fleet import SERVERS, Fleet, group_of, needed
 from tests.helpers.inprocess import parse_options, run_in_process  # noqa: F401 - for test modules written before
 from tests.helpers.paths import FIXTURES, ROOT  # noqa: F401 - tests/helpers existed; new ones import from there
 from tests.helpers.servers import FakeServer
@@ -38,8 +38,8 @@ def pytest_collection_modifyitems(config, items):
         if SERVERS.keys() & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.vllm)
         if item.get_closest_marker("vllm"):
-            # One worker runs every vllm test: the servers start once, together, before any of them measures.
-            item.add_marker(pytest.mark.xdist_group(GROUP))
+            # One worker runs every vllm test of a group: its servers start once, together, before any measures.
+            item.add_marker(pytest.mark.xdist_group(group_of(getattr(item, "fixturenames", ()))))
         kinds = {m.name for m in item.iter_markers()} & set(KINDS)
         if not kinds:
             problems.append((item, f"no kind ({' / '.join(KINDS)}): {item.nodeid}"))
@@ -133,6 +133,7 @@ def server_fixture(name: str):
 
 
 vllm_server = server_fixture("vllm_server")
+vllm_server_b = server_fixture("vllm_server_b")
 reasoning_vllm = server_fixture("reasoning_vllm")
 embed_vllm = server_fixture("embed_vllm")
 vision_vllm = server_fixture("vision_vllm")

@@ -1,15 +1,17 @@
 """The embedded real vLLM servers the `vllm` tier uses: one of each kind per pytest session, all stopped at its end.
 
-Every `vllm` test runs on one pytest-xdist worker (one xdist group, tests/conftest.py). When the first of them asks
-for a server, every server the session's tests need starts, side by side, and the tests wait until all answer: no
-server then starts while another one's test measures (a start keeps both cores busy for tens of seconds; in a fresh
-clone an embeddings step beside the other servers' starts finished no request in 5 s). Eager mode (no
-torch.compile) halves a start on this 2-core machine (21 s against 44 s); what the tests measure does not depend on
-it.
+The `vllm` tests run in two pytest-xdist groups (tests/conftest.py), each on one worker with servers of its own:
+`vllm-a` the base server's longer runs, `vllm-b` every other server and a second base server. One group, serial, took
+712 s on an idle 2-core machine, the whole suite's critical path. Within a group, when the first test asks for a
+server, every server of the group the session's tests need starts, side by side, and the tests wait until all
+answer: no server of the group starts while one of its tests measures (in a fresh clone an embeddings step beside
+the other servers' starts finished no request in 5 s). Eager mode (no torch.compile) halves a start on this 2-core
+machine (21 s against 44 s); what the tests measure does not depend on it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 from vllm_loadtest.embedded_vllm import EmbeddedVLLM, ServerSettings
@@ -18,13 +20,15 @@ from vllm_loadtest.embedded_vllm import EmbeddedVLLM, ServerSettings
 # session its start (7 servers took 280 s to answer together, 5 took 121 s), and neither test minds the other feature.
 LORA_AND_SPEC = ServerSettings(num_blocks=64, max_num_seqs=16, lora=True, speculative="ngram", enforce_eager=True)
 
+# max_num_seqs above what the 128-block cache holds, so the cache, not the batch-size cap, binds under load.
+BASE = ServerSettings(num_blocks=128, block_size=32, max_model_len=512, max_num_seqs=64, enforce_eager=True)
+
 # Fixture name -> the server it yields (two names may share one). Each test that uses one of these fixtures is a
 # `vllm` test.
 SERVERS: dict[str, ServerSettings] = {
-    # max_num_seqs above what the 128-block cache holds, so the cache, not the batch-size cap, binds under load.
-    "vllm_server": ServerSettings(
-        num_blocks=128, block_size=32, max_model_len=512, max_num_seqs=64, enforce_eager=True
-    ),
+    "vllm_server": BASE,
+    # The same settings, a server of its own in the other group (for runs that need the base model, to balance them).
+    "vllm_server_b": dataclasses.replace(BASE),
     # `--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes`.
     "reasoning_vllm": ServerSettings(
         num_blocks=64, max_num_seqs=16, reasoning_parser="qwen3", tool_call_parser="hermes", enforce_eager=True
@@ -42,7 +46,16 @@ SERVERS: dict[str, ServerSettings] = {
 }
 
 
-GROUP = "vllm"  # the xdist group of every `vllm` test
+GROUP = "vllm-a"  # the xdist group of a `vllm` test that uses no server of another group
+GROUPS = {name: ("vllm-a" if name == "vllm_server" else "vllm-b") for name in SERVERS}
+
+
+def group_of(fixturenames: Iterable[str]) -> str:
+    """The xdist group of a `vllm` test: that of the servers it uses (all in one group)."""
+    groups = {GROUPS[name] for name in fixturenames if name in GROUPS}
+    if len(groups) > 1:
+        raise ValueError(f"a test uses servers of two groups {sorted(groups)}: they run on different workers")
+    return groups.pop() if groups else GROUP
 
 
 def needed(fixturenames: Iterable[Iterable[str]]) -> list[str]:
@@ -61,7 +74,8 @@ class Fleet:
 
     def get(self, name: str) -> EmbeddedVLLM:
         if id(SERVERS[name]) not in self.servers:
-            wanted = {id(SERVERS[n]): SERVERS[n] for n in [*self.names, name]}
+            group = [n for n in [*self.names, name] if GROUPS[n] == GROUPS[name]]  # this worker's group only
+            wanted = {id(SERVERS[n]): SERVERS[n] for n in group}
             starting = [key for key in wanted if key not in self.servers]
             for key in starting:
                 self.servers[key] = EmbeddedVLLM(wanted[key]).launch()

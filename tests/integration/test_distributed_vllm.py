@@ -20,12 +20,12 @@ pytestmark = [pytest.mark.vllm, pytest.mark.contract]
 
 
 @pytest.mark.parametrize("kill_one", [False, True], ids=["two-workers", "one-worker-killed"])
-def test_master_and_two_workers_against_vllm(vllm_server, tmp_path, kill_one):
-    before = finished_counts(vllm_server.url)
+def test_master_and_two_workers_against_vllm(vllm_server_b, tmp_path, kill_one):
+    before = finished_counts(vllm_server_b.url)
     run_dir = tmp_path / "run"
     host = socket.gethostname()
     with cluster(
-        tmp_path, 2, vllm_server.url, "--steps", "2,8", "--step-duration", "10s", "--step-warmup", "2s",
+        tmp_path, 2, vllm_server_b.url, "--steps", "2,8", "--step-duration", "10s", "--step-warmup", "2s",
         "--max-tokens", "48", "--ignore-eos", "--stop-timeout", "60", "--run-dir", str(run_dir),
     ) as (master, workers):  # fmt: skip
         victim_file = run_dir / RECORDS_DIR / f"{host}-{workers[1].pid}.jsonl"
@@ -37,7 +37,7 @@ def test_master_and_two_workers_against_vllm(vllm_server, tmp_path, kill_one):
             os.kill(workers[1].pid, signal.SIGKILL)
         assert master.wait(240) == 0, (tmp_path / "master.log").read_text()[-3000:]
         workers[0].wait(30)
-    after = finished_counts(vllm_server.url)
+    after = finished_counts(vllm_server_b.url)
     records = pd.read_parquet(run_dir / "requests.parquet")
     assert not records["request_id"].duplicated().any()
     names = {f"{host}-{w.pid}" for w in workers}

@@ -1,4 +1,5 @@
-"""The web UI end to end in a real headless Chromium (Debian's chromium), against the embedded vLLM.
+"""The web UI end to end in a real headless Chromium (Debian's chromium): the user's path against the embedded vLLM,
+the page's own behaviour at a run's end and during a download against the fake server.
 
 A user's path through Locust's web UI (not headless): fill the start form with the suite's own options, start the
 run, watch the LLM tab fill with numbers, download the records and the report of the run so far, let the run end
@@ -39,7 +40,10 @@ from tests.browser import PNG_SIGNATURE, chromium, open_page, png_size, require_
 from tests.helpers.net import free_port
 from tests.helpers.paths import ROOT
 
-pytestmark = [pytest.mark.vllm, pytest.mark.browser, pytest.mark.contract]
+# `vllm` comes with the vllm_server fixture (tests/conftest.py); the page's own behaviour is checked on the fake server.
+pytestmark = [pytest.mark.browser, pytest.mark.contract]
+# The fake server's timing for the tests about the page, not the server: a stream of tokens 10 ms apart.
+FAKE_TIMING = ("--ttft-ms", "30", "--itl-ms", "10")
 
 VIEWPORT = (1400, 900)
 LIVE_ROWS_TIMEOUT_S = 90
@@ -479,7 +483,7 @@ class LoopProbe:
         self._thread.join(15)
 
 
-def test_llm_tab_after_a_run_that_ended_by_itself(vllm_server, tmp_path):
+def test_llm_tab_after_a_run_that_ended_by_itself(fake_server, tmp_path):
     """When the stepped run ends by itself, the page left open shows the run as finished: "last step" rows, with
     the server's gauges from the last scrape.
 
@@ -488,7 +492,8 @@ def test_llm_tab_after_a_run_that_ended_by_itself(vllm_server, tmp_path):
     state "stopped" must carry the finished run's rows. A second client polls as the UI does, but every 50 ms,
     to see each answer of the run's end, not only the one the page happened to get."""
     require_chromium()
-    with locust_web_ui(vllm_server.url, tmp_path) as (url, run_dir, log_path):
+    server = fake_server(*FAKE_TIMING)
+    with locust_web_ui(server.url, tmp_path) as (url, run_dir, log_path):
         with chromium() as browser, open_page(browser, url + "/", allow=(url + "/",), viewport=VIEWPORT) as (page, log):
             states = record_states(page)
             start_run(page, tmp_path, states, steps="2", duration="6s", warmup="1s", max_tokens=32)
@@ -507,7 +512,7 @@ def test_llm_tab_after_a_run_that_ended_by_itself(vllm_server, tmp_path):
     assert final == ["last step", "whole run"], polls.answers[-1]
     table = pd.read_csv(run_dir / STEPS_FILE)
     scrapes = pd.read_parquet(run_dir / "metrics.parquet")
-    assert len(scrapes) > 0, "vLLM's /metrics was not scraped"
+    assert len(scrapes) > 0, "the server's /metrics was not scraped"
     assert rows, "the LLM tab is empty after the run"
 
     problems = []
@@ -523,11 +528,12 @@ def test_llm_tab_after_a_run_that_ended_by_itself(vllm_server, tmp_path):
     shown = [r["Scope"] for r in rows]
     if shown != final:
         problems.append(f"the open page shows status {status!r} with rows {shown}")
-    # README: the server's latest gauges come "from the last scrape; `-` when it failed". The scrapes succeeded.
+    # README: the server's latest gauges come "from the last scrape; `-` when it failed". The scrapes succeeded (the
+    # fake server's /metrics is vLLM's text).
     gauges = {c: rows[0][c] for c in ("KV cache (latest)", "Running (latest)", "Waiting (latest)")}
     if not re.fullmatch(r"\d+%", gauges["KV cache (latest)"]) or "-" in gauges.values():
         problems.append(
-            f"after the run the server's gauges read {gauges}, though vLLM's /metrics was scraped "
+            f"after the run the server's gauges read {gauges}, though its /metrics was scraped "
             f"({len(scrapes)} samples)"
         )
     if problems:
@@ -538,14 +544,15 @@ def test_llm_tab_after_a_run_that_ended_by_itself(vllm_server, tmp_path):
         )
 
 
-def test_downloading_the_report_does_not_stall_the_run(vllm_server, tmp_path):
+def test_downloading_the_report_does_not_stall_the_run(fake_server, tmp_path):
     """A download during a run must not block the load generator, whose chunk timestamps are the measurements.
 
     Building the report in Locust's own process (pandas + plotly, seconds) blocked its gevent loop: every stream
     in flight got a gap as long as the build (seen: 0.9-3 s of silence in 4 streams while vLLM's decode steps take
     milliseconds). The downloads are now built in a separate process; this keeps it that way."""
     require_chromium()
-    with locust_web_ui(vllm_server.url, tmp_path) as (url, run_dir, log_path):
+    server = fake_server(*FAKE_TIMING)
+    with locust_web_ui(server.url, tmp_path) as (url, run_dir, log_path):
         with chromium() as browser, open_page(browser, url + "/", allow=(url + "/",), viewport=VIEWPORT) as (page, log):
             states = record_states(page)
             start_run(page, tmp_path, states, steps="4", duration="12s", warmup="1s", max_tokens=64)
