@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy import special
 
 from .schedule import ARRIVALS, DEFAULT_ARRIVAL, GAMMA
 from .uncertainty import CONFIDENCE, Interval
@@ -41,7 +41,7 @@ def expected_cdf(x: np.ndarray, arrival: str, burstiness: float = 1.0) -> np.nda
     constant: 0 below 1 and 1 from 1; None for a trace."""
     x = np.asarray(x, dtype=float)
     if arrival == GAMMA:
-        return stats.gamma.cdf(x, a=burstiness, scale=1 / burstiness)
+        return special.gammainc(burstiness, np.clip(x, 0, None) * burstiness)  # gamma(B, 1 / B).cdf
     if arrival == "poisson":
         return -np.expm1(-np.clip(x, 0, None))
     if arrival == "constant":

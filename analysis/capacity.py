@@ -25,14 +25,20 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from .adaptive import MAX_DURATION, RUN_STOPPED
 from .glossary import percentile_never
 from .slo import STATISTICS, Objective, parse_slo, request_values
 from .sse import CUT_OFF
 from .thresholds import KNEE_GAIN
-from .uncertainty import CONFIDENCE, Interval, batch_count, quantile_interval, rate_interval, t_interval
+from .uncertainty import (
+    Interval,
+    batch_count,
+    quantile_interval,
+    rate_interval,
+    t_interval,
+    wilson_interval,
+)
 
 USERS, RATE = "users", "rate"
 MODES = (USERS, RATE)
@@ -119,14 +125,6 @@ def _range(o: Objective, low: float, high: float) -> str:
     if unit and hi.endswith(f" {unit}"):
         return f"{lo.rpartition(' ')[0]}-{hi}"
     return f"{lo}-{hi}"
-
-
-def wilson_interval(failed: int, total: int, confidence: float = CONFIDENCE) -> Interval:
-    """The error rate failed / total with its Wilson score interval; NaN without requests."""
-    if total <= 0:
-        return Interval(math.nan, n=0, note="no samples")
-    ci = stats.binomtest(failed, total).proportion_ci(confidence, method="wilson")
-    return Interval(failed / total, float(ci.low), float(ci.high), total)
 
 
 def objective_interval(o: Objective, ok: pd.DataFrame, failed: int, itl: np.ndarray | None = None) -> Interval:

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy import special
 
 from . import glossary
 from .glossary import mean
@@ -50,7 +50,7 @@ def ratio_interval(
     if n < 2:
         return Interval(r, n=n, note="too few samples")
     spread = math.sqrt(float(((c - r * p) ** 2).sum()) / (n - 1))
-    half = float(stats.t.ppf((1 + confidence) / 2, n - 1)) * spread / (math.sqrt(n) * float(p.mean()))
+    half = float(special.stdtrit(n - 1, (1 + confidence) / 2)) * spread / (math.sqrt(n) * float(p.mean()))
     if not clip:
         return Interval(r, r - half, r + half, n)
     return Interval(r, max(0.0, r - half), min(1.0, r + half), n)

@@ -108,3 +108,24 @@ def test_correlated_batches_are_merged():
 def test_interval_helpers():
     ci = Interval(100.0, 95.0, 105.0, 10)
     assert ci.half_width == 5.0 and ci.relative_half_width == 0.05 and ci.contains(100.0) and not ci.contains(106)
+
+
+def test_the_special_functions_give_scipy_stats_own_quantiles_and_intervals():
+    """analysis/ uses scipy.special (a Locust process imports scipy.stats in about 0.8 s more): its functions are the
+    distributions' quantiles and cdfs that scipy.stats computes, and Wilson's interval is binomtest's."""
+    from scipy import special, stats
+    from vllm_loadtest.analysis.arrivals import expected_cdf
+    from vllm_loadtest.analysis.uncertainty import wilson_interval
+
+    for df in (1, 4, 30):
+        assert special.stdtrit(df, 0.975) == pytest.approx(stats.t.ppf(0.975, df), rel=1e-12)
+    assert special.ndtri(0.975) == pytest.approx(stats.norm.ppf(0.975), rel=1e-12)
+    ranks = np.arange(0, 21)
+    assert special.bdtr(ranks, 20, 0.95) == pytest.approx(stats.binom.cdf(ranks, 20, 0.95), rel=1e-12)
+    x = np.array([-1.0, 0.0, 0.3, 1.0, 4.0, math.nan])
+    expected = stats.gamma.cdf(x, a=2.5, scale=1 / 2.5)
+    assert np.allclose(expected_cdf(x, "gamma", 2.5), expected, rtol=1e-12, equal_nan=True)
+    for k, n in ((0, 10), (3, 50), (50, 50), (1, 1)):
+        ci = stats.binomtest(k, n).proportion_ci(0.95, method="wilson")
+        got = wilson_interval(k, n)
+        assert (got.low, got.high) == pytest.approx((ci.low, ci.high), abs=1e-12)
