@@ -113,7 +113,12 @@ def test_options_from_env_vars_and_pyproject(fake_server, tmp_path):
 
 def test_default_run_dir_is_a_utc_timestamp_under_reports(fake_server, tmp_path):
     server = fake_server("--ttft-ms", "5", "--itl-ms", "1")
-    proc = locust("--host", server.url, "--steps", "1", "--step-duration", "1s", "--step-warmup", "0s", cwd=tmp_path)
+    # 3 s of 8-token requests: some complete even on a machine busy enough to slow Locust's start (a run that
+    # completes none exits 1).
+    proc = locust(
+        "--host", server.url, "--steps", "1", "--step-duration", "3s", "--step-warmup", "0s", "--max-tokens", "8",
+        cwd=tmp_path,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run_dir,) = (tmp_path / "reports").iterdir()
     assert len(run_dir.name) == len("20261129T170000Z") and run_dir.name.endswith("Z")
@@ -185,14 +190,17 @@ def test_a_second_run_into_the_same_run_dir_goes_to_a_sibling(fake_server, tmp_p
         "--steps",
         "1",
         "--step-duration",
-        "1s",
+        "3s",  # some requests complete even on a busy machine (a run that completes none exits 1)
         "--step-warmup",
         "0s",
+        "--max-tokens",
+        "8",
         "--run-dir",
         str(tmp_path / "r"),
     )
-    assert locust(*args).returncode == 0
-    assert locust(*args).returncode == 0
+    first_run, second_run = locust(*args), locust(*args)
+    assert first_run.returncode == 0, first_run.stderr[-3000:]
+    assert second_run.returncode == 0, second_run.stderr[-3000:]
     first = pd.read_parquet(tmp_path / "r" / "requests.parquet")
     second = pd.read_parquet(tmp_path / "r-2" / "requests.parquet")
     assert len(first) + len(second) == server.get("/stats")["requests"]
