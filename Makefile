@@ -62,7 +62,8 @@ vllm-install:
 
 # Everything: the four tiers of tests/README.md in one pytest, side by side (pytest-xdist, TEST_WORKERS processes).
 # The `vllm` tests run in two xdist groups, each on one worker with its own servers (tests/helpers/fleet.py), so each
-# embedded server starts once per session; the set-up targets run side by side first. --durations keeps the slowest tests in view (none may take over 60 s).
+# embedded server starts once per session; the set-up targets run side by side first. --durations keeps the slowest
+# tests in view (none may take over 60 s).
 TEST_WORKERS ?= 4
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30
 

@@ -51,7 +51,10 @@ def test_a_prompt_file_is_used_in_turn(fake_server, tmp_path):
     server = fake_server("--ttft-ms", "2", "--itl-ms", "1")
     path = tmp_path / "prompts.json"
     path.write_text('["first prompt", "second prompt"]')
-    proc = locust("--host", server.url, *QUICK, "--prompt-file", str(path), "--run-dir", str(tmp_path / "r"))
+    # A 5 s step, not QUICK's 2 s: the run must complete requests (one that completes none exits 1), and a 2 s step
+    # completed none when Locust started slowly on a busy machine.
+    steps = ["--steps", "1", "--step-duration", "5s", "--step-warmup", "0s", "--max-tokens", "4"]
+    proc = locust("--host", server.url, *steps, "--prompt-file", str(path), "--run-dir", str(tmp_path / "r"))
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
