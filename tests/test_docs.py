@@ -90,3 +90,10 @@ def test_the_run_directory_page_names_every_file_the_code_writes():
     page = (ROOT / "docs" / "reference" / "run-directory.md").read_text(encoding="utf-8")
     assert {"requests.parquet", "steps.csv", "summary.json", "metrics.parquet", "report.html"} <= names
     assert not {n for n in names if n not in page}, "docs/reference/run-directory.md leaves out a file"
+
+
+def test_ci_runs_exactly_the_readmes_test_command():
+    """CI must run what a new user runs: the README's `make test` line, word for word, is a line of .ci/run."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    (command,) = [line for line in readme if line.startswith("make test ")]
+    assert command in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
