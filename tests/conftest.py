@@ -17,7 +17,7 @@ import pytest
 
 from tests import browser as browser_mod
 from tests.helpers import monkey  # noqa: F401 - first: it patches the standard library for gevent (as Locust does)
-from tests.helpers.fleet import SERVERS, Fleet, group_of, needed
+from tests.helpers.fleet import SERVER_FIXTURES, Fleet, group_of, needed
 from tests.helpers.inprocess import parse_options, run_in_process  # noqa: F401 - for test modules written before
 from tests.helpers.paths import FIXTURES, ROOT  # noqa: F401 - tests/helpers existed; new ones import from there
 from tests.helpers.servers import FakeServer
@@ -35,7 +35,7 @@ SERVERS_NEEDED = pytest.StashKey[list]()  # the embedded servers the selected te
 def pytest_collection_modifyitems(config, items):
     problems = []
     for item in items:
-        if SERVERS.keys() & set(getattr(item, "fixturenames", ())):
+        if set(SERVER_FIXTURES) & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.vllm)
         if item.get_closest_marker("vllm"):
             # One worker runs every vllm test of a group: its servers start once, together, before any measures.

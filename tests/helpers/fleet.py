@@ -11,24 +11,18 @@ machine (21 s against 44 s); what the tests measure does not depend on it.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 
 from vllm_loadtest.embedded_vllm import EmbeddedVLLM, ServerSettings
 
-# One server for the LoRA and the speculative-decoding tests: each server started beside the others costs the whole
-# session its start (7 servers took 280 s to answer together, 5 took 121 s), and neither test minds the other feature.
-LORA_AND_SPEC = ServerSettings(num_blocks=64, max_num_seqs=16, lora=True, speculative="ngram", enforce_eager=True)
-
 # max_num_seqs above what the 128-block cache holds, so the cache, not the batch-size cap, binds under load.
 BASE = ServerSettings(num_blocks=128, block_size=32, max_model_len=512, max_num_seqs=64, enforce_eager=True)
 
-# Fixture name -> the server it yields (two names may share one). Each test that uses one of these fixtures is a
-# `vllm` test.
+# Fixture name -> the server it yields. Each test that uses one of these fixtures is a `vllm` test.
 SERVERS: dict[str, ServerSettings] = {
     "vllm_server": BASE,
     # The same settings, a server of its own in the other group (for runs that need the base model, to balance them).
-    "vllm_server_b": dataclasses.replace(BASE),
+    "vllm_server_b": BASE,
     # `--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes`.
     "reasoning_vllm": ServerSettings(
         num_blocks=64, max_num_seqs=16, reasoning_parser="qwen3", tool_call_parser="hermes", enforce_eager=True
@@ -41,13 +35,17 @@ SERVERS: dict[str, ServerSettings] = {
     "rerank_vllm": ServerSettings(num_blocks=64, max_num_seqs=16, rerank=True, enforce_eager=True),
     # The tiny model with two tiny LoRA adapters, tiny-lora-a and tiny-lora-b (`--enable-lora --lora-modules`), and
     # ngram speculative decoding, 3 draft tokens (`--speculative-config`): vLLM's vllm:spec_decode_* counters.
-    "lora_vllm": LORA_AND_SPEC,
-    "spec_vllm": LORA_AND_SPEC,
+    "lora_vllm": ServerSettings(num_blocks=64, max_num_seqs=16, lora=True, speculative="ngram", enforce_eager=True),
 }
+# Fixture names served by another's server: each server started beside the others costs the whole session its start
+# (7 servers took 280 s to answer together, 5 took 121 s), and neither the LoRA nor the spec-decode test minds the
+# other feature.
+SHARED = {"spec_vllm": "lora_vllm"}
+SERVER_FIXTURES = (*SERVERS, *SHARED)  # every fixture name that yields an embedded server
 
 
 GROUP = "vllm-a"  # the xdist group of a `vllm` test that uses no server of another group
-GROUPS = {name: ("vllm-a" if name == "vllm_server" else "vllm-b") for name in SERVERS}
+GROUPS = {name: ("vllm-a" if name == "vllm_server" else "vllm-b") for name in SERVER_FIXTURES}
 
 
 def group_of(fixturenames: Iterable[str]) -> str:
@@ -60,28 +58,27 @@ def group_of(fixturenames: Iterable[str]) -> str:
 
 def needed(fixturenames: Iterable[Iterable[str]]) -> list[str]:
     """The servers some of the selected tests use (each test's fixture names), in SERVERS' order."""
-    used = set().union(*map(set, fixturenames))
+    used = {SHARED.get(name, name) for name in set().union(*map(set, fixturenames))}
     return [name for name in SERVERS if name in used]
 
 
 class Fleet:
-    """The servers this process started, each at most once (by its settings, which names may share), all stopped
-    together."""
+    """The servers this process started, each at most once, all stopped together."""
 
     def __init__(self, names: Iterable[str] = ()) -> None:
-        self.names = list(names)  # started together at the first get()
-        self.servers: dict[int, EmbeddedVLLM] = {}  # id of the settings -> its server
+        self.names = list(names)  # SERVERS' names, started together (a group's) at the first get()
+        self.servers: dict[str, EmbeddedVLLM] = {}
 
-    def get(self, name: str) -> EmbeddedVLLM:
-        if id(SERVERS[name]) not in self.servers:
-            group = [n for n in [*self.names, name] if GROUPS[n] == GROUPS[name]]  # this worker's group only
-            wanted = {id(SERVERS[n]): SERVERS[n] for n in group}
-            starting = [key for key in wanted if key not in self.servers]
-            for key in starting:
-                self.servers[key] = EmbeddedVLLM(wanted[key]).launch()
-            for key in starting:
-                self.servers[key].wait_ready()
-        return self.servers[id(SERVERS[name])]
+    def get(self, fixture: str) -> EmbeddedVLLM:
+        name = SHARED.get(fixture, fixture)
+        if name not in self.servers:
+            group = [n for n in dict.fromkeys([*self.names, name]) if GROUPS[n] == GROUPS[name]]  # this worker's only
+            starting = [n for n in group if n not in self.servers]
+            for n in starting:
+                self.servers[n] = EmbeddedVLLM(SERVERS[n]).launch()
+            for n in starting:
+                self.servers[n].wait_ready()
+        return self.servers[name]
 
     def stop(self) -> None:
         for server in self.servers.values():
