@@ -105,6 +105,7 @@ bench: venv
 	$(PY) -m tests.benchmarks.bench_embeddings
 	$(PY) -m tests.benchmarks.bench_images
 	$(PY) -m tests.benchmarks.bench_master_intake
+	$(PY) -m tests.benchmarks.bench_spawn_message
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache *.egg-info

@@ -441,6 +441,7 @@ class RunContext:
 def register(environment, built: Built | None = None) -> RunContext:
     """Attach the suite to an environment (call from an `init` listener); `built`: what the preflight built."""
     locust.runners.inspect = startup.NoStopCallerLookup()
+    startup.compute_locust_defaults_once()
     events = environment.events
     for name in SUITE_EVENTS:
         if not hasattr(events, name):

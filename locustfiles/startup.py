@@ -8,9 +8,11 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from types import MappingProxyType
 
 import gevent
 import greenlet
+from locust import argument_parser
 from locust.runners import WorkerRunner
 
 from . import conversation, diskspace, lora, request_options, trace_run
@@ -49,6 +51,19 @@ class NoStopCallerLookup:
     @staticmethod
     def stack(context: int = 1):
         raise RuntimeError("the caller lookup is skipped: it blocks the event loop while streams are read")
+
+
+def compute_locust_defaults_once() -> None:
+    """A worker's spawn handler keeps the master's own options with `k not in default_args_dict()`, a call that builds
+    and parses Locust's whole argument parser, made once per option in the message (124 with the suite's): 0.3 CPU-s
+    with the worker's event loop blocked at every step change, chunks stamped up to 0.5 s late, and on a busy machine
+    no heartbeat for seconds (tests/benchmarks/bench_spawn_message.py). Locust's defaults are fixed in a process."""
+    defaults = MappingProxyType(argument_parser.default_args_dict())
+
+    def locust_defaults() -> MappingProxyType:
+        return defaults
+
+    argument_parser.default_args_dict = locust_defaults
 
 
 def _deliver_signals_to_the_main_greenlet() -> None:
