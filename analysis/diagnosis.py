@@ -244,6 +244,20 @@ def _knee_line(rows: pd.DataFrame, k: knee_rules.Knee, key: str, unit: str, y_co
     )
 
 
+def _unmeasured_line(steps: list[int], total: int) -> str:
+    """Steps that sent no request: no throughput was measured there, so no knee is judged on them."""
+    names = ", ".join(map(str, steps))
+    if total - len(steps) < 2:
+        return (
+            f"No knee can be judged: step{'s' if len(steps) > 1 else ''} {names} sent no request, which leaves "
+            f"{total - len(steps)} of {total} steps measured (the run's warnings say why)."
+        )
+    return (
+        f"Step{'s' if len(steps) > 1 else ''} {names} sent no request (no throughput measured there, the run's "
+        "warnings say why): left out of the knee."
+    )
+
+
 def _saturated_line(row: pd.Series) -> str:
     """The server's own word that its batch is full, from that step on."""
     waiting = max((v for v in (knee_rules.num(row, "waiting_mean"), knee_rules.num(row, "waiting_capacity_max"))
@@ -320,15 +334,18 @@ def diagnose(table: pd.DataFrame, curve: bool = True, gpu: dict[int, roofline.St
         d.saturated_step, d.saturated_users = k.saturated_step, int(sat["users"])
         if rates:
             d.saturated_rate_rps = float(sat["rate_rps"])
-    if k.step is None and len(rows) >= 2 and curve:
+    if k.unmeasured and curve:
+        d.text.append(_unmeasured_line(k.unmeasured, len(rows)))
+    if k.step is None and len(rows) - len(k.unmeasured) >= 2 and curve:
+        highest = "the highest measured step" if k.unmeasured else "the highest step"
         if k.saturated_step is not None:
             room = "but the server's own state says it is past its batch limit (next line)"
         elif flagged(rows.iloc[-1].get("generator_bound")):
-            room = "whether the server still had room at the highest step is unknown: the load generator bound there"
+            room = f"whether the server still had room at {highest} is unknown: the load generator bound there"
         else:
-            room = "the server still had room at the highest step"
+            room = f"the server still had room at {highest}"
         d.text.append(
-            "No knee: throughput still grew beyond the noise up to the highest step (a later step topped each one "
+            f"No knee: throughput still grew beyond the noise up to {highest} (a later step topped each one "
             f"by more than {KNEE_GAIN * 100:.0f} %, outliers left out); {room}."
         )
     if k.saturated_step is not None:

@@ -124,15 +124,27 @@ class Knee:
     saturated_step: int | None = None  # the first step where the server's own state says the batch is full
     saturated_load: float | None = None
     outliers: list[Outlier] = field(default_factory=list)
+    unmeasured: list[int] = field(default_factory=list)  # steps that sent no request at all: left out
+
+
+def sent_requests(rows: pd.DataFrame) -> pd.Series:
+    """Per row: the step sent requests (ok, failed or cut off). One that sent none (its load processes lost, say)
+    measured no throughput: its 0 would read as a flat curve."""
+    cols = [c for c in ("requests", "errors", "cut_off") if c in rows.columns]
+    if not cols:
+        return pd.Series(True, index=rows.index)
+    return rows[cols].apply(pd.to_numeric, errors="coerce").fillna(0).sum(axis=1) > 0
 
 
 def find_knee(table: pd.DataFrame, key: str = "users", y_col: str = THROUGHPUT) -> Knee:
     """The knee (module docstring) on the throughput column y_col, from the steps that are not outliers, and the
     first saturated step."""
     rows = table.sort_values(key).reset_index(drop=True)
-    knee = Knee(outliers=outliers(rows, key, y_col))
+    sent = sent_requests(rows)
+    knee = Knee(unmeasured=[int(s) for s in rows.loc[~sent, "step"]])
+    knee.outliers = outliers(rows[sent], key, y_col)
     set_aside = {o.step for o in knee.outliers}
-    kept = rows[~rows["step"].astype(int).isin(set_aside) & rows[y_col].notna()].reset_index(drop=True)
+    kept = rows[sent & ~rows["step"].astype(int).isin(set_aside) & rows[y_col].notna()].reset_index(drop=True)
     for i in range(len(kept) - 1):
         row = kept.iloc[i]
         if not any(clearly_above(kept.iloc[j], row, y_col=y_col) for j in range(i + 1, len(kept))):

@@ -84,6 +84,28 @@ def test_a_curve_that_keeps_rising_has_no_knee_and_the_server_had_room():
     ]
 
 
+def test_steps_that_sent_no_request_are_no_flat_curve():
+    """Steps with no request at all (every load process lost) measured no throughput: their 0 is no plateau."""
+    sent = {"requests": [40, 60, 0, 0], "errors": [0, 0, 0, 0], "cut_off": [0, 0, 0, 0]}
+    d = diagnose(curve([1, 2, 4, 8], [600, 1190, 0, 0], **quiet_server(4), **sent))
+    assert d.knee_step is None and d.knee_range is None
+    assert d.text[0] == (
+        "Steps 2, 3 sent no request (no throughput measured there, the run's warnings say why): left out of the knee."
+    )
+    assert d.text[1].startswith("No knee: throughput still grew beyond the noise up to the highest measured step")
+    sent = {"requests": [40, 0, 0], "errors": [0, 0, 0], "cut_off": [0, 0, 0]}
+    d = diagnose(curve([1, 2, 4], [600, 0, 0], **quiet_server(3), **sent))
+    assert d.knee_step is None and not any("flattens" in line for line in d.text)
+    assert d.text[0] == (
+        "No knee can be judged: steps 1, 2 sent no request, which leaves 1 of 3 steps measured (the run's warnings "
+        "say why)."
+    )
+    # A step whose every request failed did measure: its server answered nothing but errors.
+    sent = {"requests": [40, 60, 0], "errors": [0, 0, 30], "cut_off": [0, 0, 0]}
+    d = diagnose(curve([1, 2, 4], [600, 1190, 0], **quiet_server(3), **sent))
+    assert d.knee_range == [2, 4]
+
+
 def test_a_noisy_plateau_keeps_the_knee_where_the_curve_flattened():
     d = diagnose(curve(USERS, [600, 1200, 2400, 4000, 4100, 3900, 4400], ci=0.06, **quiet_server(7)))
     assert d.knee_users == 8 and d.knee_range == [8, 16] and d.outlier_steps == []
