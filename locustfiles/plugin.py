@@ -69,7 +69,7 @@ from .preflight import (
 )
 from .resources import ProcessResources
 from .shape import SuiteShape
-from .tracker import StepTracker
+from .tracker import StepTracker, answer_syncs
 
 logger = logging.getLogger("vllm_loadtest")
 
@@ -467,4 +467,7 @@ def install(events=None) -> None:
 
 
 def _on_init(environment, **_kw) -> None:
+    if isinstance(environment.runner, MasterRunner):
+        # Before the preflight, which waits on the server while the workers connect and ask for the step.
+        answer_syncs(environment, lambda: getattr(getattr(environment, "vllm_loadtest", None), "tracker", None))
     register(environment, startup.prepare(environment))

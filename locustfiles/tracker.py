@@ -28,6 +28,20 @@ SYNC_MESSAGE = "vllm_loadtest_sync"
 logger = logging.getLogger("vllm_loadtest")
 
 
+def answer_syncs(environment, tracker: Callable[[], StepTracker | None]) -> None:
+    """A master: answer the workers' SYNC_MESSAGE from the start of init, with the step `tracker()` has in force.
+    The workers of --processes connect while the master's preflight is still waiting on the server, before its
+    tracker exists; their request was dropped with Locust's "Unknown message type" warning. No step is in force
+    before the tracker exists: nothing is owed then."""
+
+    def on_sync(environment, msg, **_kwargs) -> None:
+        current = tracker()
+        if current is not None:
+            current.on_sync(environment, msg)
+
+    environment.runner.register_message(SYNC_MESSAGE, on_sync)
+
+
 @dataclass
 class TraceState:
     """A trace replay as the controller runs it (--trace, locustfiles/trace_run.py)."""
@@ -78,7 +92,6 @@ class StepTracker:
         elif isinstance(runner, MasterRunner):
             runner.register_message(trace_run.READY_MESSAGE, self._on_trace_ready)
             runner.register_message(trace_run.DONE_MESSAGE, self._on_trace_done_message)
-            runner.register_message(SYNC_MESSAGE, self._on_sync)
 
     def reset(self) -> None:
         self._sent = None
@@ -314,7 +327,7 @@ class StepTracker:
         else:
             self.plan.finish()
 
-    def _on_sync(self, environment, msg, **_kwargs) -> None:
+    def on_sync(self, environment, msg) -> None:
         """A master: a worker asks for the step in force (it may have missed its message): sent to it alone."""
         if self._sent is not None:
             logger.info("worker %s joined during step %s: sending it the step", msg.node_id, self._sent["step"])

@@ -54,6 +54,7 @@ def test_four_processes_give_the_same_exact_results_as_one(fake_server, tmp_path
         extra = ["--processes", str(processes)] if processes > 1 else []
         proc = locust("--host", server.url, *STEPPED, "--stop-timeout", "10", *extra, "--run-dir", str(run_dir))
         assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "Unknown message type" not in proc.stderr, proc.stderr[-3000:]  # every suite message had a handler
         table = per_step_against_server(run_dir, server)
         assert (table["tokens"] == table["server_tokens"]).all()
         assert table["requests"].sum() == server.get("/stats")["ok"]

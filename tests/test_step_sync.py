@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 from locust.runners import MasterRunner, WorkerRunner
-from vllm_loadtest.locustfiles.tracker import STEP_MESSAGE, SYNC_MESSAGE, StepTracker
+from vllm_loadtest.locustfiles.tracker import STEP_MESSAGE, SYNC_MESSAGE, StepTracker, answer_syncs
 
 from tests.helpers.inprocess import parse_options
 
@@ -37,8 +37,14 @@ def test_the_master_answers_a_sync_with_the_step_in_force_to_that_worker_alone()
     nodes = [SimpleNamespace(id="w1"), SimpleNamespace(id="w2")]
     master = fake(MasterRunner, clients=SimpleNamespace(ready=nodes, spawning=[], running=[]))
     master.get_worker_index = lambda client_id: ["w1", "w2"].index(client_id)
-    t = tracker(master)
+    master.environment = SimpleNamespace(runner=master)
+    current: list[StepTracker] = []
+    answer_syncs(master.environment, lambda: current[0] if current else None)  # from the start of init
     sync = master.handlers[SYNC_MESSAGE]
+    sync(master.environment, SimpleNamespace(node_id="w2"))  # before the tracker exists: answered, nothing owed
+    assert master.sent == []
+    t = tracker(master)
+    current.append(t)
     sync(master.environment, SimpleNamespace(node_id="w2"))
     assert master.sent == []  # no step in force: nothing to send
     t.begin_step(0, 8, 1.0, rate_rps=10.0)
