@@ -58,11 +58,13 @@ def compute_locust_defaults_once() -> None:
     and parses Locust's whole argument parser, made once per option in the message (124 with the suite's): 0.3 CPU-s
     with the worker's event loop blocked at every step change, chunks stamped up to 0.5 s late, and on a busy machine
     no heartbeat for seconds (tests/benchmarks/bench_spawn_message.py). Locust's defaults are fixed in a process."""
-    defaults = MappingProxyType(argument_parser.default_args_dict())
+    locusts = getattr(argument_parser.default_args_dict, "__wrapped__", argument_parser.default_args_dict)
+    defaults = MappingProxyType(locusts())
 
     def locust_defaults() -> MappingProxyType:
         return defaults
 
+    locust_defaults.__wrapped__ = locusts  # Locust's own, for the next environment of the process (tests)
     argument_parser.default_args_dict = locust_defaults
 
 
