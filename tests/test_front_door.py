@@ -95,13 +95,13 @@ def test_a_headless_run_prints_a_line_per_step_and_ends_with_the_suites_verdict(
 def test_every_suite_option_is_read_from_locust_conf_and_from_its_variable(fake_server, tmp_path):
     server = fake_server("--ttft-ms", "10", "--itl-ms", "2")
     (tmp_path / "locust.conf").write_text(
-        f"host = {server.url}\nheadless = true\nsteps = 2\nstep-duration = 2s\nstep-warmup = 0s\n"
+        f"host = {server.url}\nheadless = true\nsteps = 2\nstep-duration = 4s\nstep-warmup = 0s\n"
         f"run-dir = {tmp_path / 'run'}\n"
     )
     proc = cli(cwd=tmp_path, env={"LOCUST_MAX_TOKENS": "5", "LOCUST_SLO": "e2e_p99=30s"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     options = json.loads((tmp_path / "run" / "run.json").read_text())["options"]
-    assert (options["steps"], options["step_duration"], options["max_tokens"]) == ("2", "2s", 5)
+    assert (options["steps"], options["step_duration"], options["max_tokens"]) == ("2", "4s", 5)
     assert options["slo"] == "e2e_p99=30s"
     records = pd.read_parquet(tmp_path / "run" / "requests.parquet")
     assert set(records["max_tokens"]) == {5} and set(records["users"]) == {2}
