@@ -175,9 +175,12 @@ class WorkerLedger:
             if client.state == STATE_MISSING and entry["missing_at"] is None and entry["final_at"] is None:
                 entry["missing_at"] = time.time()
                 changed = True
+                # With none left, Locust stops the run, and the master's error line says so: not "goes on".
+                others = any(c.state != STATE_MISSING for c in self.environment.runner.clients.all)
                 logger.warning(
-                    "worker %s went missing (no heartbeat); its records so far are kept, the run goes on",
+                    "worker %s went missing (no heartbeat); its records so far are kept%s",
                     entry["worker"] or client.id,
+                    ", the run goes on" if others else "",
                 )
             elif client.state != STATE_MISSING and entry["missing_at"] is not None and entry["final_at"] is None:
                 logger.warning("worker %s is back (heartbeat again)", entry["worker"] or client.id)

@@ -149,6 +149,8 @@ def test_every_worker_silent_past_the_heartbeat_timeout_ends_the_run_complete_wi
     log = (tmp_path / "master.log").read_text()
     assert code == 5, log[-3000:]
     assert log.count("every worker went missing (no heartbeat for --heartbeat-timeout 3 s)") == 1, log[-3000:]
+    missing = [line for line in log.splitlines() if "went missing (no heartbeat); its records" in line]
+    assert not missing[-1].endswith("the run goes on"), log[-3000:]  # the last one left: the run does not go on
     run = json.loads((run_dir / "run.json").read_text())
     assert run["finished_at"] is not None
     assert all(frozen_at < w["missing_at"] < frozen_at + 20 for w in run["workers"])
