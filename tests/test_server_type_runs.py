@@ -95,7 +95,7 @@ def test_auto_is_decided_at_test_start_without_a_preflight(fake_server, tmp_path
     """As in the web UI: no preflight ran, so the profile is detected when the test starts, before any request."""
     caplog.set_level(logging.INFO, logger="vllm_loadtest")
     server = fake_server("--strict", "--ttft-ms", "5", "--itl-ms", "1")
-    env = run_in_process(User, server.url, tmp_path, "--max-tokens", "4", users=2, seconds=2)
+    env = run_in_process(User, server.url, tmp_path, "--max-tokens", "4", users=2, seconds=2, min_records=2)
     assert env.parsed_options.server_profile == "openai"
     records = load_records(tmp_path)
     assert len(records) > 0 and (records[records["error_type"] != "cut_off"]["status"] == "ok").all()

@@ -62,7 +62,9 @@ def test_measured_timing_matches_the_server_truth(fake_server, tmp_path, endpoin
 
 def test_without_continuous_usage_tokens_come_from_final_usage(fake_server, tmp_path):
     server = fake_server("--ttft-ms", "20", "--itl-ms", "5", "--multi-every", "7")
-    run_in_process(User, server.url, tmp_path, "--max-tokens", "20", "--no-continuous-usage", users=2, seconds=2)
+    run_in_process(
+        User, server.url, tmp_path, "--max-tokens", "20", "--no-continuous-usage", users=2, seconds=2, min_records=4
+    )
     ok = load_records(tmp_path).query("status == 'ok'")
     assert len(ok) > 0
     # The server's final usage is exact even though each chunk is counted as one token.

@@ -280,6 +280,16 @@ def check_row(row: dict) -> None:
         assert re.fullmatch(r"\d+\.\d\d", row[column]), f"{column} formatted as {row[column]!r}"
 
 
+def check_live_row(row: dict) -> None:
+    """check_row, but for a current step that has finished no request yet (a busy machine's tab first filled just
+    after the step changed, seen in a fresh clone): its measured values are missing ('-'), never 0."""
+    if row["Scope"] == "current step" and row["Requests ok"] == "0" and row["Errors"] == "0":
+        for column in NUMERIC[2:]:
+            assert row[column] == "-", f"{column} of a step with no request yet is {row[column]!r}, not missing"
+        return
+    check_row(row)
+
+
 def download(page, link_name: re.Pattern, dest: Path) -> tuple[Path, float, float, float]:
     """Click a link of the Download Data tab and save what the browser downloads.
 
@@ -349,7 +359,7 @@ def test_web_ui_run_in_chromium(vllm_server, tmp_path):
                 status_while_running = swarm_status(page)
             assert [r["Scope"] for r in rows] == ["current step", "whole run"], rows
             for row in rows:
-                check_row(row)
+                check_live_row(row)
             current, whole = rows
             assert current["Step"] in ("0", "1") and current["Users"] in ("1", "4"), current
             assert whole["Step"] == "all" and int(whole["Requests ok"]) >= int(current["Requests ok"]), rows
