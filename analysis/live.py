@@ -70,16 +70,40 @@ def live_table(records: pd.DataFrame, timeline: list[dict], now: float) -> tuple
     """(the step table so far, the whole run's row): an open step is measured up to `now`. A --repeat run's trials
     are shown each on its own row as they run (its timeline's running steps; steps.csv pools them at the end), so the
     live charts' steps and the table's rows stay one per timeline entry."""
+    running = {int(t["step"]) for t in timeline if t.get("end_time") is None and "step" in t}
     timeline = separate(close_open_steps(timeline, now))
     if not timeline or records.empty:
         return pd.DataFrame(), {}
-    table = step_table(records, timeline)
+    table = not_yet_measured(step_table(records, timeline), running)
     probes = {int(t["step"]): t["probe"] for t in timeline if t.get("probe") is not None and "step" in t}
     if probes and len(table):  # a capacity search: each step's probe number (steps.csv's probe)
         table = table.assign(
             probe=[probes.get(int(s)) if str(s).lstrip("-").isdigit() else None for s in table["step"]]
         )
     return table, run_row(records, timeline)
+
+
+# A row's own identity and counts: everything else in it is measured from finished requests.
+IDENTITY = frozenset({"step", "users", "rate_rps", "window_s", "requests", "errors", "cut_off", "probe", "trial"})
+
+
+def not_yet_measured(table: pd.DataFrame, running: set[int]) -> pd.DataFrame:
+    """A running step none of whose requests has finished yet has measured nothing so far: its values are missing,
+    not a throughput of 0 judged stable."""
+    if table.empty or not running:
+        return table
+    counts = table[[c for c in ("requests", "errors") if c in table.columns]].fillna(0).sum(axis=1)
+    empty = table["step"].map(lambda s: str(s).lstrip("-").isdigit() and int(s) in running) & (counts == 0)
+    if not empty.any():
+        return table
+    table = table.copy()
+    for column in (c for c in table.columns if c not in IDENTITY):
+        if pd.api.types.is_float_dtype(table[column]):
+            table.loc[empty, column] = math.nan
+        else:
+            table[column] = table[column].astype(object)
+            table.loc[empty, column] = None
+    return table
 
 
 def latest_gauges(samples: list[tuple[str, dict, float]] | None, model: str | None = None) -> dict[str, float]:
