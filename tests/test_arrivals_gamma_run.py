@@ -65,12 +65,16 @@ def test_a_smooth_run_sends_gaps_with_a_cv_below_one(fake_server, tmp_path):
         server, tmp_path / "r", "--rates", "30", "--arrival", "gamma", "--burstiness", "4", "--seed", "3",
         "--step-duration", "6s",
     )  # fmt: skip
-    # The sends the run itself recorded as on time (a busy machine can hold the first ones back, and a late request
-    # goes out right behind the one before it: a burst the plan never had).
-    on_time = records[records["schedule_lag_s"] < 0.01].sort_values("intended_start_time")
-    sent = gaps(on_time["start_time"])
-    assert len(sent) > 100 and cv(sent) < 0.8, f"on-time sent gaps' CV {cv(sent):.2f} (asked for 0.5)"
-    assert summary["arrivals"]["steps"][0]["cv_high"] < 1.0 or len(on_time) < len(records)
+    # The gaps between two consecutive sends of the plan that the run itself recorded as both on time (a busy machine
+    # can hold some back, and a late request goes out right behind the one before it: a burst the plan never had).
+    # Only consecutive pairs: a gap across a late send left out is two of the plan's gaps, and made a stressed run's
+    # CV 1.39.
+    plan = records.sort_values("intended_start_time")
+    on_time = (plan["schedule_lag_s"] < 0.01).to_numpy()
+    pairs = on_time[1:] & on_time[:-1]
+    sent = np.diff(plan["start_time"].to_numpy())[pairs]
+    assert len(sent) > 50 and cv(sent) < 0.8, f"on-time sent gaps' CV {cv(sent):.2f} of {len(sent)} (asked for 0.5)"
+    assert summary["arrivals"]["steps"][0]["cv_high"] < 1.0 or on_time.sum() < len(records)
 
 
 def test_two_processes_send_the_one_gamma_stream_between_them(fake_server, tmp_path):
