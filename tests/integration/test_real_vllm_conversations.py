@@ -45,14 +45,17 @@ def test_a_conversation_runs_prefix_cache_hit_rate_rises_with_the_turn(vllm_serv
 
     turns = pd.read_csv(run_dir / "turns.csv")
     print(turns.to_string())
-    assert turns["turn"].tolist() == reached
+    # turns.csv holds the measured requests: a turn reached only by a stream that finished during the stop is not in it
+    # (seen on a stressed machine: turn 3's only answers came after the last step's end).
+    measured_turns = sorted(set(ok.loc[ok["measured"].astype(bool), "turn"].astype(int)))
+    assert turns["turn"].tolist() == measured_turns
     rates = turns.set_index("turn")["prefix_cache_hit_rate"]
     assert rates.is_monotonic_increasing and rates.is_unique and rates[1] < 0.2, rates.to_dict()
-    if 3 in reached:
+    if 3 in measured_turns:
         assert rates[3] > 0.3, rates.to_dict()
     assert turns["prompt_tokens_mean"].is_monotonic_increasing
     assert "Per turn" in proc.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert [t["turn"] for t in summary["turns"]] == reached
+    assert [t["turn"] for t in summary["turns"]] == measured_turns
     page = (run_dir / "report.html").read_text(encoding="utf-8")
     assert "<h2>Per turn</h2>" in page and "Prefix-cache hit rate per turn" in page
